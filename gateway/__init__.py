@@ -1,0 +1,1 @@
+"""chatgate: a spec-driven chat-completions gateway."""

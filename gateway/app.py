@@ -1,0 +1,119 @@
+"""Builds the ASGI app: one Connexion API per dialect at its configured mount, errors in each
+dialect's shape, health endpoints, and the request-id layer around it all."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import re
+from typing import Any
+
+import connexion
+import orjson
+from connexion.exceptions import ProblemException
+from connexion.lifecycle import ConnexionRequest, ConnexionResponse
+from connexion.options import SwaggerUIOptions
+from connexion.resolver import Resolver
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import ASGIApp
+
+from gateway.config import Settings
+from gateway.dialects import DIALECTS
+from gateway.dialects.base import REQUEST_ID_SCOPE_KEY, Dialect
+from gateway.errors import GatewayError, InternalError, error_for_status
+from gateway.middleware import RequestIdMiddleware
+from gateway.policy.auth import open_access_security_map
+from gateway.runtime import Runtime
+from gateway.spec import DialectSpec, load_document
+from gateway.validation import validator_map
+
+log = logging.getLogger("chatgate")
+
+
+def snake_case(operation_id: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", operation_id).lower()
+
+
+class DialectMounts:
+    """Which dialect answers a path: the longest mount that prefixes it."""
+
+    def __init__(self) -> None:
+        self.mounts: list[tuple[str, Dialect]] = []
+
+    def add(self, mount: str, dialect: Dialect) -> None:
+        self.mounts.append((mount, dialect))
+        self.mounts.sort(key=lambda item: len(item[0]), reverse=True)
+
+    def dialect_for(self, path: str) -> Dialect:
+        for mount, dialect in self.mounts:
+            if not mount or path == mount or path.startswith(mount + "/"):
+                return dialect
+        return self.mounts[-1][1]
+
+
+def as_gateway_error(exc: Exception) -> GatewayError:
+    if isinstance(exc, GatewayError):
+        return exc
+    if isinstance(exc, ProblemException):
+        error = error_for_status(exc.status, str(exc.detail or exc.title))
+        error.headers.update(exc.headers or {})
+        return error
+    if isinstance(exc, HTTPException):
+        return error_for_status(exc.status_code, str(exc.detail))
+    log.error("unhandled error", exc_info=exc)
+    return InternalError("The gateway failed to handle this request.")
+
+
+def create_app(settings: Settings) -> ASGIApp:
+    runtime = Runtime(settings)
+    app = connexion.AsyncApp(
+        "chatgate",
+        security_map=open_access_security_map(),
+        validator_map=validator_map(settings.server.max_body_bytes),
+        pythonic_params=True,
+        swagger_ui_options=SwaggerUIOptions(swagger_ui=True, serve_spec=True),
+    )
+    mounts = DialectMounts()
+
+    async def health(request: Request) -> Response:
+        return Response(b'{"status":"ok"}', media_type="application/json")
+
+    app.add_url_rule("/health", "health", health, methods=["GET"])
+    app.add_url_rule("/ready", "ready", health, methods=["GET"])
+
+    for dialect_cls in DIALECTS:
+        mount = getattr(settings.mounts, dialect_cls.name)
+        if mount is None:
+            continue
+        document = load_document(dialect_cls.spec_file)
+        spec = DialectSpec(document, frozenset(dialect_cls.chat_operations))
+        dialect = dialect_cls(runtime, spec)
+
+        def resolve(operation_id: str, dialect: Dialect = dialect) -> Any:
+            return getattr(dialect, snake_case(operation_id))
+
+        app.add_api(
+            copy.deepcopy(document),
+            base_path=mount,
+            name=dialect.name,
+            resolver=Resolver(function_resolver=resolve),
+        )
+        mounts.add(mount, dialect)
+
+    def render_error(request: ConnexionRequest, exc: Exception) -> ConnexionResponse:
+        error = as_gateway_error(exc)
+        dialect = mounts.dialect_for(request.url.path)
+        request_id = request.scope.get(REQUEST_ID_SCOPE_KEY, "")
+        return ConnexionResponse(
+            status_code=error.status,
+            mimetype="application/json",
+            body=orjson.dumps(dialect.error_body(error, request_id)),
+            headers=dialect.error_headers(error),
+        )
+
+    for exception_class in (GatewayError, ProblemException, HTTPException, Exception):
+        app.add_error_handler(exception_class, render_error)
+
+    return RequestIdMiddleware(app)

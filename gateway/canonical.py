@@ -1,0 +1,132 @@
+"""The one canonical chat request and the events a backend yields, shared by every dialect."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+# Canonical finish reasons; each dialect maps them to its own words.
+FinishReason = Literal["stop", "stop_sequence", "length", "tool_calls", "content_filter"]
+
+
+@dataclass(slots=True)
+class ChatRequest:
+    """A chat request after its dialect adapter has read it.
+
+    `messages` keep the OpenAI message shape, which every dialect here shares.
+    `options` holds dialect-specific sampling parameters that the dialect's spec
+    defines (top_k, ignore_eos, best_of …); `extra` holds parameters the spec does
+    not define and the extra-parameters policy let through.
+    """
+
+    model: str | None
+    messages: list[dict[str, Any]]
+    stream: bool = False
+    include_usage: bool = False
+    n: int = 1
+    max_tokens: int | None = None
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    logprobs: bool = False
+    top_logprobs: int = 0
+    response_format: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    tool_choice: str | dict[str, Any] | None = None
+    user: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+    deployment: str | None = None
+
+
+@dataclass(slots=True)
+class TopLogprob:
+    token: str
+    logprob: float
+
+
+@dataclass(slots=True)
+class TokenLogprob:
+    token: str
+    logprob: float | None  # None when the backend could not say
+    top: list[TopLogprob] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class TextDelta:
+    """A piece of generated text for choice `index` (one or more tokens)."""
+
+    index: int
+    text: str
+    logprobs: list[TokenLogprob] | None = None
+
+
+@dataclass(slots=True)
+class ToolCallDelta:
+    """A tool call for choice `index`; backends send each call whole."""
+
+    index: int
+    call_index: int
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(slots=True)
+class Finish:
+    index: int
+    reason: FinishReason
+
+
+@dataclass(slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+Event = TextDelta | ToolCallDelta | Finish | Usage
+
+
+@dataclass(slots=True)
+class Choice:
+    """One choice gathered from the events of a non-streamed completion."""
+
+    index: int
+    text: str = ""
+    logprobs: list[TokenLogprob] | None = None
+    tool_calls: list[ToolCallDelta] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+
+
+@dataclass(slots=True)
+class Completion:
+    choices: list[Choice]
+    usage: Usage
+
+
+async def gather(events, n: int) -> Completion:
+    """Fold a backend's event stream into a whole completion."""
+    choices = [Choice(index=i) for i in range(n)]
+    usage = Usage(0, 0)
+    async for event in events:
+        match event:
+            case TextDelta(index=i, text=text, logprobs=logprobs):
+                choice = choices[i]
+                choice.text += text
+                if logprobs is not None:
+                    choice.logprobs = (choice.logprobs or []) + logprobs
+            case ToolCallDelta(index=i):
+                choices[i].tool_calls.append(event)
+            case Finish(index=i, reason=reason):
+                choices[i].finish_reason = reason
+            case Usage():
+                usage = event
+    return Completion(choices=choices, usage=usage)

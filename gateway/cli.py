@@ -1,0 +1,55 @@
+"""The `chatgate` command."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from gateway.config import ConfigError, load_settings
+
+CONFIG_ENV = "CHATGATE_CONFIG"
+cli = typer.Typer(help="chatgate: a spec-driven chat-completions gateway.", no_args_is_help=True)
+
+
+@cli.callback()
+def main_callback() -> None:
+    """chatgate: a spec-driven chat-completions gateway."""
+
+
+@cli.command()
+def serve(
+    config: Annotated[
+        Path | None, typer.Option(help="YAML config file (default: every dialect on echo).")
+    ] = None,
+    host: Annotated[str | None, typer.Option(help="Address to bind (overrides config).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port to bind (overrides config).")] = None,
+    log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+) -> None:
+    """Serve every configured dialect."""
+    import uvicorn
+
+    try:
+        settings = load_settings(config)
+    except ConfigError as error:
+        typer.echo(f"chatgate: {error}", err=True)
+        raise typer.Exit(2) from None
+    if config is not None:
+        os.environ[CONFIG_ENV] = str(config.resolve())
+    uvicorn.run(
+        "gateway.asgi:create",
+        factory=True,
+        host=host or settings.server.host,
+        port=settings.server.port if port is None else port,
+        log_level=log_level,
+        access_log=False,
+        loop="uvloop",
+        http="httptools",
+        lifespan="on",
+    )
+
+
+def main() -> None:
+    cli()

@@ -1,0 +1,103 @@
+"""Configuration: validated once at start into typed objects; nothing below reads raw dicts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+ExtraParamsPolicy = Literal["pass-through", "drop", "error"]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Mounts(Strict):
+    """Base path of each dialect; "" or "/" puts it at the root, null leaves it unmounted."""
+
+    openai: str | None = "/v1"
+    azure: str | None = "/azure"
+    aleph_alpha: str | None = "/aleph-alpha"
+    lmi: str | None = "/lmi"
+    ovms: str | None = "/v3"
+
+    @field_validator("*")
+    @classmethod
+    def normalise(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        value = "/" + value.strip("/")
+        return "" if value == "/" else value
+
+
+class Deployment(Strict):
+    name: str = Field(min_length=1)
+    backend: Literal["echo"] = "echo"
+    model: str | None = Field(
+        default=None, description="The model name the backend serves (defaults to the name)."
+    )
+    models: list[str] = Field(
+        default_factory=list,
+        description='Model names routed here besides `name`; "*" catches every name.',
+    )
+    provider: str = "chatgate"
+    extra_parameters: ExtraParamsPolicy = "error"
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def served_model(self) -> str:
+        return self.model or self.name
+
+
+class Server(Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+
+
+class Settings(Strict):
+    server: Server = Server()
+    mounts: Mounts = Mounts()
+    deployments: list[Deployment] = Field(
+        default_factory=lambda: [Deployment(name="echo", backend="echo", models=["*"])],
+        min_length=1,
+    )
+
+    @field_validator("deployments")
+    @classmethod
+    def unique_names(cls, deployments: list[Deployment]) -> list[Deployment]:
+        names = [d.name for d in deployments]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"deployment names must be unique: {', '.join(duplicates)}")
+        return deployments
+
+
+class ConfigError(Exception):
+    """A configuration file that cannot be used; the message names the bad key."""
+
+
+def describe(error: ValidationError) -> str:
+    lines = []
+    for problem in error.errors():
+        where = ".".join(str(p) for p in problem["loc"]) or "(top level)"
+        lines.append(f"{where}: {problem['msg']}")
+    return "; ".join(lines)
+
+
+def load_settings(path: str | Path | None = None) -> Settings:
+    if path is None:
+        return Settings()
+    try:
+        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as error:
+        raise ConfigError(f"cannot read config {path}: {error}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config {path}: the top level must be a mapping")
+    try:
+        return Settings.model_validate(raw)
+    except ValidationError as error:
+        raise ConfigError(f"invalid config {path}: {describe(error)}") from None

@@ -1,0 +1,56 @@
+"""Aleph Alpha: POST /chat/completions. Strict message order; "ignored" and "rejected" parameters;
+errors as `{"error": message, "code": UPPER_SNAKE}`; missing logprobs reported as -9999.0."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from gateway.canonical import ChatRequest
+from gateway.dialects.base import Dialect
+from gateway.errors import BadRequest, GatewayError
+
+
+def upper_snake(code: str) -> str:
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", code).upper()
+
+
+def check_message_order(messages: list[dict[str, Any]]) -> None:
+    """One optional system message first, then user/assistant alternating, first and last user."""
+    roles = [m.get("role") for m in messages]
+    body = roles[1:] if roles and roles[0] == "system" else roles
+    for position, role in enumerate(body):
+        expected = "user" if position % 2 == 0 else "assistant"
+        if role != expected:
+            index = position + (len(roles) - len(body))
+            raise BadRequest(
+                f"messages[{index}] has role '{role}' where '{expected}' is required: after one "
+                "optional system message, messages must alternate user/assistant, "
+                "beginning and ending with user.",
+                param="messages",
+                loc=["body", "messages", index, "role"],
+                value=role,
+            )
+    if not body or body[-1] != "user":
+        raise BadRequest(
+            "The conversation must contain a user message and end with one.",
+            param="messages",
+            loc=["body", "messages"],
+        )
+
+
+class AlephAlpha(Dialect):
+    name = "aleph_alpha"
+    spec_file = "aleph_alpha.yaml"
+    default_mount = "/aleph-alpha"
+    chat_operations = ("createChatCompletion",)
+    missing_logprob = -9999.0
+
+    async def create_chat_completion(self):
+        return await self.chat()
+
+    def check_request(self, request: ChatRequest) -> None:
+        check_message_order(request.messages)
+
+    def error_body(self, error: GatewayError, request_id: str) -> dict[str, Any]:
+        return {"error": error.message, "code": upper_snake(error.code)}

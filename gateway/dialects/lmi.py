@@ -1,0 +1,70 @@
+"""DJL LMI / SageMaker: POST /v1/chat/completions and /invocations (chat when the body has
+`messages`), GET /ping. Streams are JSON lines; finish reasons `length`, `eos_token`,
+`stop_sequence`; `usage` always in the completion; errors as DJL Serving's `{code, type, message}`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from starlette.responses import Response
+
+from gateway.dialects.base import JSON, Dialect, ResponseContext
+from gateway.errors import GatewayError
+from gateway.framing import JSONLines
+
+EXCEPTION_NAMES = {
+    400: "BadRequestException",
+    401: "UnauthorizedException",
+    403: "ForbiddenException",
+    404: "ModelNotFoundException",
+    413: "PayloadTooLargeException",
+    415: "BadRequestException",
+    422: "BadRequestException",
+    429: "ServiceUnavailableException",
+    500: "InternalServerException",
+    502: "BadGatewayException",
+    503: "ServiceUnavailableException",
+    504: "TimeoutException",
+}
+
+
+class LMI(Dialect):
+    name = "lmi"
+    spec_file = "lmi.yaml"
+    default_mount = "/lmi"
+    chat_operations = ("createChatCompletion", "invocations")
+    framing = JSONLines
+    finish_reasons = {
+        "stop": "eos_token",
+        "stop_sequence": "stop_sequence",
+        "length": "length",
+        "tool_calls": "eos_token",
+        "content_filter": "stop_sequence",
+    }
+
+    async def create_chat_completion(self) -> Response:
+        return await self.chat()
+
+    async def invocations(self) -> Response:
+        return await self.chat()
+
+    async def ping(self) -> Response:
+        return Response(orjson.dumps({"status": "Healthy"}), media_type=JSON)
+
+    def completion_body(self, ctx: ResponseContext, completion: Any) -> dict[str, Any]:
+        body = super().completion_body(ctx, completion)
+        del body["model"]
+        return body
+
+    def chunk_body(self, ctx: ResponseContext, choices: list[dict[str, Any]], usage=None):
+        body = super().chunk_body(ctx, choices, None)
+        del body["model"]
+        return body
+
+    def error_body(self, error: GatewayError, request_id: str) -> dict[str, Any]:
+        return {
+            "code": error.status,
+            "type": EXCEPTION_NAMES.get(error.status, "ServerException"),
+            "message": error.message,
+        }

@@ -1,0 +1,50 @@
+"""OpenVINO Model Server: POST /chat/completions with its own sampling parameters
+(top_k, repetition_penalty, best_of, length_penalty, ignore_eos, speculative and prompt
+lookup decoding); errors as `{"error": message}`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.canonical import ChatRequest
+from gateway.dialects.base import Dialect
+from gateway.errors import BadRequest, GatewayError
+
+
+class OVMS(Dialect):
+    name = "ovms"
+    spec_file = "ovms.yaml"
+    default_mount = "/v3"
+    chat_operations = ("createChatCompletion",)
+    # OVMS documents only `stop` and `length`.
+    finish_reasons = {
+        "stop": "stop",
+        "stop_sequence": "stop",
+        "length": "length",
+        "tool_calls": "stop",
+        "content_filter": "stop",
+    }
+
+    async def create_chat_completion(self):
+        return await self.chat()
+
+    def check_request(self, request: ChatRequest) -> None:
+        options = request.options
+        if request.stream and options.get("include_stop_str_in_output") is False:
+            raise BadRequest(
+                "include_stop_str_in_output cannot be false when stream is true.",
+                param="include_stop_str_in_output",
+                loc=["body", "include_stop_str_in_output"],
+                value=False,
+            )
+        best_of = options.get("best_of")
+        if best_of is not None and best_of < request.n:
+            raise BadRequest(
+                f"best_of ({best_of}) must be greater than or equal to n ({request.n}).",
+                param="best_of",
+                loc=["body", "best_of"],
+                value=best_of,
+            )
+
+    def error_body(self, error: GatewayError, request_id: str) -> dict[str, Any]:
+        return {"error": error.message}

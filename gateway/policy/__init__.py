@@ -1,0 +1,1 @@
+"""Gateway policy, applied once for every dialect: auth, extra parameters, capabilities, limits."""

@@ -1,0 +1,49 @@
+"""The extra-parameters policy: what happens to request parameters the dialect's spec does not define."""
+
+from __future__ import annotations
+
+from gateway.canonical import ChatRequest
+from gateway.config import ExtraParamsPolicy
+from gateway.errors import BadRequest
+
+HEADER = "extra-parameters"
+# The seed document calls `drop` "ignore"; the real service says `drop`. Both are accepted.
+ALIASES: dict[str, ExtraParamsPolicy] = {
+    "pass-through": "pass-through",
+    "drop": "drop",
+    "ignore": "drop",
+    "error": "error",
+}
+
+
+def resolve_policy(header_value: str | None, default: ExtraParamsPolicy) -> ExtraParamsPolicy:
+    if header_value is None:
+        return default
+    policy = ALIASES.get(header_value.strip().lower())
+    if policy is None:
+        raise BadRequest(
+            f"Invalid value '{header_value}' for header '{HEADER}'. "
+            f"Valid values: {', '.join(ALIASES)}.",
+            param=HEADER,
+            loc=["header", HEADER],
+            value=header_value,
+        )
+    return policy
+
+
+def apply_extra_params(request: ChatRequest, policy: ExtraParamsPolicy) -> None:
+    """Keep, drop or refuse `request.extra` as the policy says."""
+    if not request.extra:
+        return
+    if policy == "drop":
+        request.extra = {}
+    elif policy == "error":
+        names = sorted(request.extra)
+        raise BadRequest(
+            f"Extra parameters {names} are not allowed when '{HEADER}' is 'error' "
+            f"(send '{HEADER}: pass-through' or 'drop' to change this).",
+            param=names[0],
+            loc=["body", names[0]],
+            value=request.extra[names[0]],
+            code="ExtraParameterNotAllowed",
+        )
