@@ -1,7 +1,7 @@
 """Regenerate generated/ from openapi/ (or, with --check, fail when generated/ is stale).
 
-    python -m gateway.codegen          # write generated/<dialect>.py
-    python -m gateway.codegen --check  # exit 1 and name the stale files
+python -m gateway.codegen          # write generated/<dialect>.py
+python -m gateway.codegen --check  # exit 1 and name the stale files
 """
 
 from __future__ import annotations
@@ -29,9 +29,12 @@ FLAGS = [
     "--disable-timestamp",
     "--use-double-quotes",
     "--use-schema-description",
+    "--strict-nullable",
     "--formatters", "black", "isort",
 ]  # fmt: skip
-PACKAGE_DOC = '"""Pydantic models generated from openapi/ by `python -m gateway.codegen`. Do not edit."""\n'
+PACKAGE_DOC = (
+    '"""Pydantic models generated from openapi/ by `python -m gateway.codegen`. Do not edit."""\n'
+)
 
 
 def generate(out_dir: Path) -> list[Path]:

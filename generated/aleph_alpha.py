@@ -118,6 +118,14 @@ class ErrorResponse(BaseModel):
     ]
 
 
+class ChatStreamChunkEvent(BaseModel):
+    """
+    One server-sent event (`data: <payload>`). Its `data` is a `ChatStreamChunk` as JSON; the last event of a stream is `data: [DONE]`; an error after the stream has begun arrives as one event whose data is a `ErrorResponse`.
+    """
+
+    data: Annotated[Literal["[DONE]"] | str, Field(description="The event's payload.")]
+
+
 class ChatRequest(BaseModel):
     """
     A chat completion request in the Aleph Alpha dialect.
@@ -151,7 +159,7 @@ class ChatRequest(BaseModel):
         ),
     ] = None
     logprobs: Annotated[
-        bool | None,
+        bool,
         Field(
             description="When true, the log probability of each sampled token is returned."
         ),
@@ -173,7 +181,7 @@ class ChatRequest(BaseModel):
         ),
     ] = None
     n: Annotated[
-        int | None,
+        int,
         Field(
             description="How many completions to generate for the conversation; all are returned.",
             ge=1,
@@ -210,7 +218,7 @@ class ChatRequest(BaseModel):
         ),
     ] = None
     stream: Annotated[
-        bool | None,
+        bool,
         Field(
             description="When true, tokens are sent as they are generated, as server-sent events, ending with `data: [DONE]`."
         ),
@@ -219,7 +227,7 @@ class ChatRequest(BaseModel):
         StreamOptions | None, Field(description="Options for streaming.")
     ] = None
     temperature: Annotated[
-        float | None,
+        float,
         Field(
             description="Sampling randomness: the logits are divided by it before sampling; 0 always picks the most likely token, higher values give more varied text.",
             ge=0.0,
@@ -227,7 +235,7 @@ class ChatRequest(BaseModel):
         ),
     ] = 1
     top_p: Annotated[
-        float | None,
+        float,
         Field(
             description="Nucleus sampling: only the most likely tokens whose cumulative probability reaches this threshold are kept.",
             ge=0.0,

@@ -85,7 +85,7 @@ class ChatCompletionsResponseFormatJsonSchemaDefinition(BaseModel):
         str | None, Field(description="What the format is for; helps the model.")
     ] = None
     strict: Annotated[
-        bool | None,
+        bool,
         Field(
             description="Follow the schema exactly (only a subset of JSON Schema is then supported)."
         ),
@@ -244,6 +244,14 @@ class GenericError(BaseModel):
     error: Annotated[str, Field(description="Short description of the error.")]
     message: Annotated[str, Field(description="Human-readable explanation.")]
     status: Annotated[int, Field(description="The HTTP status code.", ge=400, le=599)]
+
+
+class StreamingChatCompletionsUpdateEvent(BaseModel):
+    """
+    One server-sent event (`data: <payload>`). Its `data` is a `StreamingChatCompletionsUpdate` as JSON; the last event of a stream is `data: [DONE]`; an error after the stream has begun arrives as one event whose data is a `GenericError`.
+    """
+
+    data: Annotated[Literal["[DONE]"] | str, Field(description="The event's payload.")]
 
 
 class ChatMessageImageUrl(BaseModel):
@@ -564,7 +572,7 @@ class ChatCompletionsOptions(BaseModel):
         ),
     ]
     frequency_penalty: Annotated[
-        float | None,
+        float,
         Field(
             description="Penalises tokens in proportion to how often they already appeared, making\nverbatim repetition less likely. 422 if the model does not support it.\n",
             ge=-2.0,
@@ -572,7 +580,7 @@ class ChatCompletionsOptions(BaseModel):
         ),
     ] = 0
     presence_penalty: Annotated[
-        float | None,
+        float,
         Field(
             description="Penalises tokens that already appeared at least once, nudging the model\ntowards new topics. 422 if the model does not support it.\n",
             ge=-2.0,
@@ -580,7 +588,7 @@ class ChatCompletionsOptions(BaseModel):
         ),
     ] = 0
     temperature: Annotated[
-        float | None,
+        float,
         Field(
             description="Sampling temperature: higher is more random, lower more focused. Change\nthis or `top_p`, not both. 422 if the model does not support the value.\n",
             ge=0.0,
@@ -588,7 +596,7 @@ class ChatCompletionsOptions(BaseModel):
         ),
     ] = 1
     top_p: Annotated[
-        float | None,
+        float,
         Field(
             description="Nucleus sampling: only the tokens making up the `top_p` probability mass\nare considered (0.1 = the top 10 %). Change this or `temperature`, not both.\n",
             ge=0.0,
@@ -610,7 +618,7 @@ class ChatCompletionsOptions(BaseModel):
         ),
     ] = None
     stream: Annotated[
-        bool | None,
+        bool,
         Field(
             description="Send the answer as server-sent events of partial deltas, ended by\n`data: [DONE]`.\n"
         ),

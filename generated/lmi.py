@@ -49,7 +49,7 @@ class TopLogprob(BaseModel):
     token: Annotated[str, Field(description="The token.")]
     logprob: Annotated[float, Field(description="The token's log probability.")]
     bytes: Annotated[
-        list[Byte],
+        list[Byte] | None,
         Field(
             description="The token's characters as integer code points (equal to its bytes for ASCII text); null for an empty token."
         ),
@@ -91,7 +91,7 @@ class StreamTopLogprob(BaseModel):
     ]
     logprob: Annotated[float, Field(description="The token's log probability.")]
     bytes: Annotated[
-        list[Byte],
+        list[Byte] | None,
         Field(
             description="The token's characters as integer code points (equal to its bytes for ASCII text); null for an empty token."
         ),
@@ -129,7 +129,7 @@ class LogprobToken(BaseModel):
     token: Annotated[str, Field(description="The generated token.")]
     logprob: Annotated[float, Field(description="The token's log probability.")]
     bytes: Annotated[
-        list[Byte],
+        list[Byte] | None,
         Field(
             description="The token's characters as integer code points (equal to its bytes for ASCII text); null for an empty token."
         ),
@@ -147,7 +147,7 @@ class StreamLogprobToken(BaseModel):
     token: Annotated[str, Field(description="The generated token.")]
     logprob: Annotated[float, Field(description="The token's log probability.")]
     bytes: Annotated[
-        list[Byte],
+        list[Byte] | None,
         Field(
             description="The token's characters as integer code points (equal to its bytes for ASCII text); null for an empty token."
         ),
@@ -294,7 +294,7 @@ class ChatCompletionRequest(BaseModel):
         ),
     ] = None
     ignore_eos: Annotated[
-        bool | None,
+        bool,
         Field(
             description="When true, generation does not stop at the end-of-sequence token (it continues until `max_tokens` or a stop sequence)."
         ),
@@ -308,7 +308,7 @@ class Choice(BaseModel):
 
     index: Annotated[int, Field(description="The index of the choice.", ge=0)]
     message: ResponseMessage
-    logprobs: Logprobs
+    logprobs: Logprobs | None
     finish_reason: Annotated[
         Literal["length", "eos_token", "stop_sequence"],
         Field(
@@ -325,7 +325,7 @@ class StreamChoice(BaseModel):
     index: Annotated[int, Field(description="The index of the choice.", ge=0)]
     delta: Delta
     logprobs: Annotated[
-        list[StreamLogprobs],
+        list[StreamLogprobs] | None,
         Field(
             description='Log probability of this chunk\'s token, as a one-element array holding `{"content": [...]}`; null unless `logprobs` was true.',
             max_length=1,

@@ -41,7 +41,7 @@ class ChatCompletionRequestFunctionMessage(BaseModel):
     """
 
     role: Literal["function"]
-    content: Annotated[str, Field(description="The function's result.")]
+    content: Annotated[str | None, Field(description="The function's result.")]
     name: Annotated[str, Field(description="The name of the function that was called.")]
 
 
@@ -60,7 +60,7 @@ class ImageUrl(BaseModel):
         Field(description="The image's URL, or the image itself as a base64 data URL."),
     ]
     detail: Annotated[
-        Literal["auto", "low", "high"] | None,
+        Literal["auto", "low", "high"],
         Field(description="The resolution the model looks at the image in."),
     ] = "auto"
 
@@ -309,7 +309,7 @@ class Byte(RootModel[int]):
 class ChatCompletionTopLogprob(BaseModel):
     token: str
     logprob: float
-    bytes: list[Byte]
+    bytes: Annotated[list[Byte] | None, Field(...)]
 
 
 class CompletionTokensDetails(BaseModel):
@@ -396,8 +396,10 @@ class Error(BaseModel):
             description="The error's class, e.g. `invalid_request_error`, `server_error`."
         ),
     ]
-    param: Annotated[str, Field(description="The request parameter at fault, if any.")]
-    code: Annotated[str, Field(description="A machine-readable code, if any.")]
+    param: Annotated[
+        str | None, Field(description="The request parameter at fault, if any.")
+    ]
+    code: Annotated[str | None, Field(description="A machine-readable code, if any.")]
 
 
 class Model(BaseModel):
@@ -414,6 +416,14 @@ class Model(BaseModel):
 class ListModelsResponse(BaseModel):
     object: Literal["list"]
     data: list[Model]
+
+
+class CreateChatCompletionStreamResponseEvent(BaseModel):
+    """
+    One server-sent event (`data: <payload>`). Its `data` is a `CreateChatCompletionStreamResponse` as JSON; the last event of a stream is `data: [DONE]`; an error after the stream has begun arrives as one event whose data is a `ErrorResponse`.
+    """
+
+    data: Annotated[Literal["[DONE]"] | str, Field(description="The event's payload.")]
 
 
 class ChatCompletionRequestDeveloperMessage(BaseModel):
@@ -549,7 +559,7 @@ class ChatCompletionResponseMessage(BaseModel):
 
     role: Literal["assistant"]
     content: Annotated[
-        str,
+        str | None,
         Field(
             description="The text of the message; null when the model only called tools."
         ),
@@ -585,7 +595,7 @@ class ChatCompletionTokenLogprob(BaseModel):
         ),
     ]
     bytes: Annotated[
-        list[Byte],
+        list[Byte] | None,
         Field(description="The token's UTF-8 bytes; null when it has no byte form."),
     ]
     top_logprobs: Annotated[
@@ -683,7 +693,7 @@ class ChatCompletionChoiceLogprobs(BaseModel):
     """
 
     content: Annotated[
-        list[ChatCompletionTokenLogprob],
+        list[ChatCompletionTokenLogprob] | None,
         Field(description="One entry per content token."),
     ]
     refusal: Annotated[
@@ -708,7 +718,7 @@ class ChatCompletionChoice(BaseModel):
         int, Field(description="The choice's position in `choices`.", ge=0)
     ]
     message: ChatCompletionResponseMessage
-    logprobs: ChatCompletionChoiceLogprobs
+    logprobs: ChatCompletionChoiceLogprobs | None
     finish_reason: Annotated[
         Literal["stop", "length", "tool_calls", "content_filter", "function_call"],
         Field(
@@ -889,8 +899,7 @@ class CreateChatCompletionRequest(BaseModel):
         ),
     ] = None
     parallel_tool_calls: Annotated[
-        bool | None,
-        Field(description="Whether the model may call several tools in one turn."),
+        bool, Field(description="Whether the model may call several tools in one turn.")
     ] = True
     user: Annotated[
         str | None,

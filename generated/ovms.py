@@ -55,7 +55,7 @@ class ChatCompletionStreamOptions(BaseModel):
         extra="forbid",
     )
     include_usage: Annotated[
-        bool | None,
+        bool,
         Field(
             description="When true, an extra chunk is streamed before `data: [DONE]` whose `usage` holds the token counts of the whole request and whose `choices` is an empty array; every other chunk then carries `usage: null`."
         ),
@@ -179,6 +179,14 @@ class ErrorResponse(BaseModel):
     error: Annotated[str, Field(description="Human-readable error message.")]
 
 
+class CreateChatCompletionStreamResponseEvent(BaseModel):
+    """
+    One server-sent event (`data: <payload>`). Its `data` is a `CreateChatCompletionStreamResponse` as JSON; the last event of a stream is `data: [DONE]`; an error after the stream has begun arrives as one event whose data is a `ErrorResponse`.
+    """
+
+    data: Annotated[Literal["[DONE]"] | str, Field(description="The event's payload.")]
+
+
 class ChatCompletionRequestMessageContentPartImage(BaseModel):
     type: Literal["image_url"]
     image_url: ImageUrl
@@ -194,7 +202,7 @@ class ChatCompletionResponseMessage(BaseModel):
         Literal["assistant"],
         Field(description="Always `assistant` (hard-coded by OVMS)."),
     ]
-    content: Annotated[str, Field(description="The generated text.")]
+    content: Annotated[str | None, Field(description="The generated text.")]
     reasoning_content: Annotated[
         str | None,
         Field(
@@ -215,13 +223,13 @@ class ChatCompletionResponseMessage(BaseModel):
 class ChatCompletionTokenLogprob(BaseModel):
     token: str
     logprob: Annotated[
-        float,
+        float | None,
         Field(
             description="The token's log probability; null when the runtime has none for it.",
             le=0.0,
         ),
     ]
-    bytes: list[Byte]
+    bytes: Annotated[list[Byte] | None, Field(...)]
     top_logprobs: Annotated[
         list[ChatCompletionTopLogprob], Field(description="Always empty in OVMS.")
     ]

@@ -43,6 +43,7 @@ class AlephAlpha(Dialect):
     name = "aleph_alpha"
     spec_file = "aleph_alpha.yaml"
     default_mount = "/aleph-alpha"
+    finish_delta = {"content": ""}
     chat_operations = ("createChatCompletion",)
     missing_logprob = -9999.0
 

@@ -77,10 +77,6 @@ class ResponseContext:
     request: ChatRequest
 
 
-def token_bytes(token: str) -> list[int]:
-    return list(token.encode())
-
-
 class Dialect:
     name: ClassVar[str]
     spec_file: ClassVar[str]
@@ -99,6 +95,8 @@ class Dialect:
     chat_operations: ClassVar[tuple[str, ...]] = ()
     # what a token's logprob reads when the backend gave none (Aleph Alpha documents -9999.0)
     missing_logprob: ClassVar[float | None] = None
+    # the delta of the chunk that carries a finish reason (some dialects require `content`)
+    finish_delta: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, runtime: Runtime, spec: DialectSpec) -> None:
         self.runtime = runtime
@@ -172,6 +170,10 @@ class Dialect:
 
     # ----- rendering -------------------------------------------------------------------
 
+    @staticmethod
+    def token_bytes(token: str) -> list[int]:
+        return list(token.encode())
+
     def logprobs_body(self, logprobs: list[TokenLogprob] | None) -> dict[str, Any] | None:
         if logprobs is None:
             return None
@@ -180,9 +182,9 @@ class Dialect:
                 {
                     "token": lp.token,
                     "logprob": self.missing_logprob if lp.logprob is None else lp.logprob,
-                    "bytes": token_bytes(lp.token),
+                    "bytes": self.token_bytes(lp.token),
                     "top_logprobs": [
-                        {"token": t.token, "logprob": t.logprob, "bytes": token_bytes(t.token)}
+                        {"token": t.token, "logprob": t.logprob, "bytes": self.token_bytes(t.token)}
                         for t in lp.top
                     ],
                 }
@@ -280,7 +282,9 @@ class Dialect:
                     delta = {"role": "assistant", "content": None, **delta}
                 return [self.chunk_body(ctx, [self.chunk_choice(i, delta)])]
             case Finish(index=i, reason=reason):
-                delta = {} if i in started else {"role": "assistant", "content": ""}
+                delta = dict(self.finish_delta)
+                if i not in started:
+                    delta = {"role": "assistant", "content": "", **delta}
                 started.add(i)
                 choice = self.chunk_choice(i, delta, finish_reason=self.finish_reasons[reason])
                 return [self.chunk_body(ctx, [choice])]

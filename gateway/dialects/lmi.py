@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 from starlette.responses import Response
 
+from gateway.canonical import TokenLogprob
 from gateway.dialects.base import JSON, Dialect, ResponseContext
 from gateway.errors import GatewayError
 from gateway.framing import JSONLines
@@ -33,6 +34,7 @@ class LMI(Dialect):
     name = "lmi"
     spec_file = "lmi.yaml"
     default_mount = "/lmi"
+    finish_delta = {"content": ""}
     chat_operations = ("createChatCompletion", "invocations")
     framing = JSONLines
     finish_reasons = {
@@ -61,6 +63,30 @@ class LMI(Dialect):
         body = super().chunk_body(ctx, choices, None)
         del body["model"]
         return body
+
+    @staticmethod
+    def token_bytes(token: str) -> list[int] | None:
+        # LMI builds `bytes` as Unicode code points, and null for an empty token.
+        return [ord(c) for c in token] or None
+
+    def logprobs_body(self, logprobs: list[TokenLogprob] | None) -> dict[str, Any] | None:
+        body = super().logprobs_body(logprobs)
+        if body is not None:
+            del body["refusal"]
+        return body
+
+    def chunk_choice(
+        self,
+        index: int,
+        delta: dict[str, Any],
+        logprobs: list[TokenLogprob] | None = None,
+        finish_reason: str | None = None,
+    ) -> dict[str, Any]:
+        # LMI streams `logprobs` as a one-element list around the object (see lmi.yaml).
+        choice = super().chunk_choice(index, delta, logprobs, finish_reason)
+        if choice["logprobs"] is not None:
+            choice["logprobs"] = [choice["logprobs"]]
+        return choice
 
     def error_body(self, error: GatewayError, request_id: str) -> dict[str, Any]:
         return {
