@@ -3,19 +3,45 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gateway.canonical import ChatRequest, Event
 
 
 @dataclass(frozen=True, slots=True)
+class Param:
+    """How a backend takes one canonical parameter: its own name for it and the range it accepts.
+
+    `target=None` means the backend cannot honour it: a request that sets it gets a 422.
+    """
+
+    target: str | None
+    minimum: float | None = None
+    maximum: float | None = None
+    note: str = ""
+
+    @property
+    def supported(self) -> bool:
+        return self.target is not None
+
+
+def same_names(*names: str) -> dict[str, Param]:
+    """A parameter table for a backend that takes these canonical parameters under the same names."""
+    return {name: Param(name) for name in names}
+
+
+@dataclass(frozen=True, slots=True)
 class Capabilities:
-    """What a backend (and the model behind it) can do; the policy layer reads this table."""
+    """What a backend (and the model behind it) can do; the policy layer reads this table.
+
+    `parameters` maps canonical parameter names (ChatRequest fields, and the dialect options
+    such as top_k) to how the backend takes them; a name missing from it is unsupported.
+    """
 
     modalities: frozenset[str] = frozenset({"text"})
-    parameters: frozenset[str] = frozenset()
+    parameters: Mapping[str, Param] = field(default_factory=dict)
     response_formats: frozenset[str] = frozenset({"text"})
     max_n: int = 1
     max_top_logprobs: int = 0
@@ -35,6 +61,9 @@ class Backend(Protocol):
 
 BACKEND_KINDS: dict[str, str] = {
     "echo": "backends.echo:EchoBackend",
+    "tgi": "backends.tgi:TGIBackend",
+    "openai-compatible": "backends.openai_compatible:OpenAICompatibleBackend",
+    "local": "backends.local:LocalBackend",
 }
 
 

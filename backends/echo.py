@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from backends.base import Capabilities
+from backends.base import Capabilities, same_names
 from gateway.canonical import (
     ChatRequest,
     Event,
@@ -119,25 +119,11 @@ class EchoBackend:
     name = "echo"
     capabilities = Capabilities(
         modalities=frozenset({"text", "image", "audio"}),
-        parameters=frozenset(
-            {
-                "max_tokens",
-                "stop",
-                "n",
-                "seed",
-                "logprobs",
-                "top_logprobs",
-                "temperature",
-                "top_p",
-                "frequency_penalty",
-                "presence_penalty",
-                "logit_bias",
-                "tools",
-                "tool_choice",
-                "response_format",
-                "user",
-            }
-        ),
+        parameters=same_names(
+            "max_tokens", "stop", "n", "seed", "logprobs", "top_logprobs", "temperature", "top_p",
+            "frequency_penalty", "presence_penalty", "logit_bias", "tools", "tool_choice",
+            "response_format", "user",
+        ),  # fmt: skip
         response_formats=frozenset({"text", "json_object", "json_schema"}),
         max_n=128,
         max_top_logprobs=20,

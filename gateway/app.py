@@ -3,9 +3,11 @@ dialect's shape, health endpoints, and the request-id layer around it all."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import re
+from collections.abc import AsyncIterator
 from typing import Any
 
 import connexion
@@ -68,8 +70,15 @@ def as_gateway_error(exc: Exception) -> GatewayError:
 
 def create_app(settings: Settings) -> ASGIApp:
     runtime = Runtime(settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: Any) -> AsyncIterator[None]:
+        yield
+        await runtime.aclose()
+
     app = connexion.AsyncApp(
         "chatgate",
+        lifespan=lifespan,
         security_map=open_access_security_map(),
         validator_map=validator_map(settings.server.max_body_bytes),
         pythonic_params=True,

@@ -35,7 +35,7 @@ class Mounts(Strict):
 
 class Deployment(Strict):
     name: str = Field(min_length=1)
-    backend: Literal["echo"] = "echo"
+    backend: Literal["echo", "tgi", "openai-compatible", "local"] = "echo"
     model: str | None = Field(
         default=None, description="The model name the backend serves (defaults to the name)."
     )
