@@ -49,9 +49,7 @@ def message_text(message: dict[str, Any]) -> str:
         return content
     if isinstance(content, list):
         return " ".join(
-            part.get("text") or part.get("refusal") or ""
-            for part in content
-            if isinstance(part, dict)
+            part.get("text") or part.get("refusal") or "" for part in content if isinstance(part, dict)
         )
     return ""
 
@@ -120,9 +118,21 @@ class EchoBackend:
     capabilities = Capabilities(
         modalities=frozenset({"text", "image", "audio"}),
         parameters=same_names(
-            "max_tokens", "stop", "n", "seed", "logprobs", "top_logprobs", "temperature", "top_p",
-            "frequency_penalty", "presence_penalty", "logit_bias", "tools", "tool_choice",
-            "response_format", "user",
+            "max_tokens",
+            "stop",
+            "n",
+            "seed",
+            "logprobs",
+            "top_logprobs",
+            "temperature",
+            "top_p",
+            "frequency_penalty",
+            "presence_penalty",
+            "logit_bias",
+            "tools",
+            "tool_choice",
+            "response_format",
+            "user",
         ),  # fmt: skip
         response_formats=frozenset({"text", "json_object", "json_schema"}),
         max_n=128,

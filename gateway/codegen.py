@@ -32,9 +32,7 @@ FLAGS = [
     "--strict-nullable",
     "--formatters", "black", "isort",
 ]  # fmt: skip
-PACKAGE_DOC = (
-    '"""Pydantic models generated from openapi/ by `python -m gateway.codegen`. Do not edit."""\n'
-)
+PACKAGE_DOC = '"""Pydantic models generated from openapi/ by `python -m gateway.codegen`. Do not edit."""\n'
 
 
 def generate(out_dir: Path) -> list[Path]:

@@ -51,12 +51,8 @@ Forbidden = _error("Forbidden", 403, "Forbidden", "permission_error")
 NotFound = _error("NotFound", 404, "NotFound", "not_found_error")
 MethodNotAllowed = _error("MethodNotAllowed", 405, "MethodNotAllowed", "invalid_request_error")
 PayloadTooLarge = _error("PayloadTooLarge", 413, "PayloadTooLarge", "invalid_request_error")
-UnsupportedMediaType = _error(
-    "UnsupportedMediaType", 415, "UnsupportedMediaType", "invalid_request_error"
-)
-UnprocessableContent = _error(
-    "UnprocessableContent", 422, "UnprocessableContent", "invalid_request_error"
-)
+UnsupportedMediaType = _error("UnsupportedMediaType", 415, "UnsupportedMediaType", "invalid_request_error")
+UnprocessableContent = _error("UnprocessableContent", 422, "UnprocessableContent", "invalid_request_error")
 TooManyRequests = _error("TooManyRequests", 429, "TooManyRequests", "rate_limit_error")
 ContentFiltered = _error("ContentFiltered", 400, "ContentFilter", "invalid_request_error")
 InternalError = _error("InternalError", 500, "InternalServerError", "server_error")

@@ -28,9 +28,7 @@ class Runtime:
     def admit(self, dialect: Dialect, request: ChatRequest, headers: Headers) -> LiveDeployment:
         """Route the request and apply policy; raise the GatewayError that refuses it."""
         deployment = self.router.route(request.model, headers.get(DEPLOYMENT_HEADER))
-        policy = resolve_policy(
-            headers.get(EXTRA_PARAMS_HEADER), deployment.config.extra_parameters
-        )
+        policy = resolve_policy(headers.get(EXTRA_PARAMS_HEADER), deployment.config.extra_parameters)
         apply_extra_params(request, policy)
         request.deployment = deployment.name
         return deployment

@@ -34,9 +34,7 @@ register_json_lines()
 
 def dialect_schema(name: str):
     mount = getattr(MOUNTS, name)
-    schema = schemathesis.openapi.from_dict(
-        for_schemathesis(load_document(SPEC_FILES[name]), mount)
-    )
+    schema = schemathesis.openapi.from_dict(for_schemathesis(load_document(SPEC_FILES[name]), mount))
     schema.app = APP
     return schema
 

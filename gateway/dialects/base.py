@@ -95,6 +95,8 @@ class Dialect:
     chat_operations: ClassVar[tuple[str, ...]] = ()
     # what a token's logprob reads when the backend gave none (Aleph Alpha documents -9999.0)
     missing_logprob: ClassVar[float | None] = None
+    # whether each choice's stream opens with a chunk that carries only the role (OpenAI does)
+    separate_role_chunk: ClassVar[bool] = True
     # the delta of the chunk that carries a finish reason (some dialects require `content`)
     finish_delta: ClassVar[dict[str, Any]] = {}
 
@@ -264,17 +266,21 @@ class Dialect:
             "finish_reason": finish_reason,
         }
 
-    def chunks_for(
-        self, ctx: ResponseContext, event: Event, started: set[int]
-    ) -> list[dict[str, Any]]:
+    def chunks_for(self, ctx: ResponseContext, event: Event, started: set[int]) -> list[dict[str, Any]]:
         """The stream chunks one canonical event becomes (often one, sometimes none)."""
         match event:
             case TextDelta(index=i, text=text, logprobs=logprobs):
                 delta: dict[str, Any] = {"content": text}
-                if i not in started:
-                    started.add(i)
+                if i in started:
+                    return [self.chunk_body(ctx, [self.chunk_choice(i, delta, logprobs)])]
+                started.add(i)
+                if not self.separate_role_chunk:
                     delta = {"role": "assistant", **delta}
-                return [self.chunk_body(ctx, [self.chunk_choice(i, delta, logprobs)])]
+                    return [self.chunk_body(ctx, [self.chunk_choice(i, delta, logprobs)])]
+                return [
+                    self.chunk_body(ctx, [self.chunk_choice(i, {"role": "assistant", "content": ""})]),
+                    self.chunk_body(ctx, [self.chunk_choice(i, delta, logprobs)]),
+                ]
             case ToolCallDelta(index=i):
                 delta = {"tool_calls": [self.tool_call_body(event, True)]}
                 if i not in started:

@@ -35,6 +35,7 @@ class LMI(Dialect):
     spec_file = "lmi.yaml"
     default_mount = "/lmi"
     finish_delta = {"content": ""}
+    separate_role_chunk = False  # LMI's first chunk carries the role and the first token
     chat_operations = ("createChatCompletion", "invocations")
     framing = JSONLines
     finish_reasons = {

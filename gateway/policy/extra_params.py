@@ -22,8 +22,7 @@ def resolve_policy(header_value: str | None, default: ExtraParamsPolicy) -> Extr
     policy = ALIASES.get(header_value.strip().lower())
     if policy is None:
         raise BadRequest(
-            f"Invalid value '{header_value}' for header '{HEADER}'. "
-            f"Valid values: {', '.join(ALIASES)}.",
+            f"Invalid value '{header_value}' for header '{HEADER}'. Valid values: {', '.join(ALIASES)}.",
             param=HEADER,
             loc=["header", HEADER],
             value=header_value,

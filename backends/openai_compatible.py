@@ -1,0 +1,594 @@
+"""A backend for any upstream that speaks OpenAI chat completions (vLLM, SGLang, OVMS, DJL LMI,
+OpenAI itself, or another chatgate): one pooled HTTP client, streamed chunks relayed as they arrive.
+
+Upstream failures become gateway errors. The upstream's 401/403 means the gateway's own
+credentials are wrong, so the client gets a 502 that says nothing about them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+import httpx
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+
+from backends.base import Capabilities, Param, same_names
+from gateway.canonical import (
+    ChatRequest,
+    Event,
+    Finish,
+    FinishReason,
+    TextDelta,
+    TokenLogprob,
+    ToolCallDelta,
+    TopLogprob,
+    Usage,
+)
+from gateway.errors import (
+    BadGateway,
+    BadRequest,
+    GatewayError,
+    GatewayTimeout,
+    NotFound,
+    ServiceUnavailable,
+    TooManyRequests,
+    UnprocessableContent,
+)
+
+log = logging.getLogger("chatgate.backends.openai_compatible")
+
+# OpenAI's own parameters: forwarded under their own names.
+OPENAI_PARAMETERS = same_names(
+    "max_tokens", "stop", "n", "seed", "temperature", "top_p", "frequency_penalty",
+    "presence_penalty", "logit_bias", "logprobs", "top_logprobs", "response_format", "tools",
+    "tool_choice", "user", "parallel_tool_calls", "modalities", "audio", "metadata", "prediction",
+    "reasoning_effort", "service_tier", "store",
+)  # fmt: skip
+SERVER_EXTRA_NOTE = "forwarded as is; vLLM, SGLang and OVMS take it, OpenAI answers 400"
+# Sampling extras of the open-source servers (the dialects' `options`): forwarded as is.
+SERVER_EXTRAS = {
+    name: Param(name, note=SERVER_EXTRA_NOTE)
+    for name in (
+        "top_k", "min_p", "typical_p", "repetition_penalty", "length_penalty", "best_of",
+        "ignore_eos", "include_stop_str_in_output", "min_tokens", "stop_token_ids",
+        "skip_special_tokens", "spaces_between_special_tokens", "use_beam_search",
+        "early_stopping", "truncate_prompt_tokens", "prompt_logprobs", "detokenize",
+        "logits_processors", "num_assistant_tokens", "assistant_confidence_threshold",
+        "max_ngram_size",
+    )
+}  # fmt: skip
+CAPABILITIES = Capabilities(
+    modalities=frozenset({"text", "image", "audio"}),
+    parameters={**OPENAI_PARAMETERS, **SERVER_EXTRAS},
+    response_formats=frozenset({"text", "json_object", "json_schema"}),
+    max_n=128,
+    max_top_logprobs=20,
+    context_length=1 << 20,  # the upstream enforces its own context length
+)
+
+FINISH_REASONS: dict[str, FinishReason] = {
+    "stop": "stop",
+    "length": "length",
+    "tool_calls": "tool_calls",
+    "function_call": "tool_calls",
+    "content_filter": "content_filter",
+    "eos_token": "stop",  # LMI's words
+    "stop_sequence": "stop_sequence",
+}
+DRAIN_AFTER_DONE_SECONDS = 0.5  # reading the stream's end after [DONE] keeps the connection alive
+MESSAGE_LIMIT = 1000
+
+
+class Options(BaseModel):
+    """A deployment's `options:` for this backend, validated at start."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    base_url: str = Field(description="The upstream's OpenAI base URL, e.g. http://host:8000/v1.")
+    api_key: SecretStr | None = Field(default=None, description="Sent as a Bearer token.")
+    headers: dict[str, str] = Field(default_factory=dict, description="Extra request headers.")
+    upstream_model: str | None = Field(
+        default=None, description="The model name sent upstream (default: the served model)."
+    )
+    max_tokens_parameter: Literal["max_tokens", "max_completion_tokens"] = "max_tokens"
+    connect: float = Field(default=5.0, gt=0, description="Seconds to connect.")
+    first_byte: float = Field(
+        default=60.0,
+        gt=0,
+        description="Seconds until a streamed answer's first chunk (a whole answer is bounded "
+        "by `total`: the upstream sends nothing before it is done).",
+    )
+    total: float = Field(default=600.0, gt=0, description="Seconds for the whole answer.")
+    max_connections: int = Field(default=100, ge=1)
+    max_keepalive: int = Field(default=20, ge=0)
+
+    @field_validator("base_url")
+    @classmethod
+    def http_url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("base_url must start with http:// or https://")
+        return value.rstrip("/")
+
+
+class OpenAICompatibleBackend:
+    name = "openai-compatible"
+
+    def __init__(self, model: str = "default", **options: Any) -> None:
+        self.options = Options.model_validate(options)
+        self.model = model
+        self.upstream_model = self.options.upstream_model or model
+        self.url = self.options.base_url + "/chat/completions"
+        target = self.options.max_tokens_parameter
+        self.capabilities = replace(
+            CAPABILITIES, parameters={**CAPABILITIES.parameters, "max_tokens": Param(target)}
+        )
+        self._client: httpx.AsyncClient | None = None
+        self._warned_no_usage = False
+
+    def __repr__(self) -> str:
+        return f"OpenAICompatibleBackend(model={self.model!r}, base_url={self.options.base_url!r})"
+
+    # ----- the pooled client -------------------------------------------------------------
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        """Created on first use, inside the serving event loop; closed by `aclose`."""
+        if self._client is None:
+            options = self.options
+            headers = {"content-type": "application/json", **options.headers}
+            if options.api_key is not None:
+                headers["authorization"] = f"Bearer {options.api_key.get_secret_value()}"
+            self._client = httpx.AsyncClient(
+                headers=headers,
+                # reads are bounded by first_byte / total deadlines in `generate`
+                timeout=httpx.Timeout(connect=options.connect, read=None, write=None, pool=options.connect),
+                limits=httpx.Limits(
+                    max_connections=options.max_connections,
+                    max_keepalive_connections=options.max_keepalive,
+                ),
+            )
+        return self._client
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    # ----- request ------------------------------------------------------------------------
+
+    def upstream_body(self, request: ChatRequest) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": self.upstream_model, "messages": request.messages}
+        if request.stream:
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}  # so usage is always known
+        if request.max_tokens is not None:
+            body[self.options.max_tokens_parameter] = request.max_tokens
+        if request.stop:
+            body["stop"] = request.stop
+        if request.n != 1:
+            body["n"] = request.n
+        for name in (
+            "seed", "temperature", "top_p", "frequency_penalty", "presence_penalty", "logit_bias",
+            "response_format", "tool_choice", "user",
+        ):  # fmt: skip
+            value = getattr(request, name)
+            if value is not None:
+                body[name] = value
+        if request.logprobs:
+            body["logprobs"] = True
+            if request.top_logprobs:
+                body["top_logprobs"] = request.top_logprobs
+        if request.tools:
+            body["tools"] = request.tools
+        body.update(request.options)
+        body.update(request.extra)
+        return body
+
+    # ----- response -----------------------------------------------------------------------
+
+    async def generate(self, request: ChatRequest) -> AsyncIterator[Event]:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        deadline = started + self.options.total
+        first_deadline = min(deadline, started + self.options.first_byte)
+        client = self.client
+        upstream_request = client.build_request(
+            "POST", self.url, content=orjson.dumps(self.upstream_body(request))
+        )
+        try:
+            async with asyncio.timeout_at(first_deadline if request.stream else deadline):
+                response = await client.send(upstream_request, stream=True)
+        except (httpx.HTTPError, TimeoutError) as exc:
+            raise self.transport_error(exc, loop.time() - started) from None
+        try:
+            if response.status_code >= 400:
+                async with asyncio.timeout_at(deadline):
+                    raw = await response.aread()
+                raise self.status_error(response.status_code, raw, response.headers)
+            media_type = response.headers.get("content-type", "")
+            if request.stream and media_type.startswith("text/event-stream"):
+                async for event in self.relay(response, request, first_deadline, deadline):
+                    yield event
+                return
+            async with asyncio.timeout_at(deadline):
+                raw = await response.aread()
+            for event in self.completion_events(parse_json(raw), request):
+                yield event
+        except (httpx.HTTPError, TimeoutError) as exc:
+            raise self.transport_error(exc, loop.time() - started) from None
+        finally:
+            await response.aclose()
+
+    async def relay(
+        self, response: httpx.Response, request: ChatRequest, first_deadline: float, deadline: float
+    ) -> AsyncIterator[Event]:
+        """Parse the upstream's SSE stream and yield events chunk by chunk, as they arrive."""
+        decoder = SSEDecoder()
+        state = StreamState(request.n)
+        reader = response.aiter_bytes()
+        until = first_deadline  # until the first generated chunk, then the whole answer's deadline
+        while not decoder.done:
+            async with asyncio.timeout_at(until):
+                piece = await anext(reader, None)
+            payloads = decoder.feed(piece) if piece is not None else decoder.close()
+            for payload in payloads:
+                events = state.feed(parse_json(payload))
+                for event in events:
+                    yield event
+                if events:
+                    until = deadline
+            if piece is None:
+                break
+        if not decoder.done and state.unfinished:
+            raise BadGateway("The upstream closed the stream before the answer was finished.")
+        for event in state.close():
+            yield event
+        if state.usage is None:
+            self.warn_no_usage()
+        yield state.usage or Usage(0, state.fragments)
+        if decoder.done:  # read the stream's end so the connection can be reused
+            try:
+                async with asyncio.timeout(DRAIN_AFTER_DONE_SECONDS):
+                    async for _ in reader:
+                        pass
+            except (httpx.HTTPError, TimeoutError):
+                pass
+
+    def completion_events(self, body: Any, request: ChatRequest) -> list[Event]:
+        """A whole chat.completion as events: per choice its text, tool calls and finish; then usage."""
+        if isinstance(body, dict) and body.get("error") is not None:
+            raise stream_error(body["error"])
+        try:
+            events: list[Event] = []
+            fragments = 0
+            for choice in body["choices"]:
+                index = choice_index(choice, request.n)
+                message = choice.get("message") or {}
+                text = content_text(message.get("content"))
+                logprobs = token_logprobs(choice.get("logprobs"))
+                if text or logprobs:
+                    events.append(TextDelta(index, text, logprobs))
+                    fragments += len(logprobs) if logprobs else len(text.split())
+                calls = list(message.get("tool_calls") or ())
+                if message.get("function_call"):
+                    calls.append({"function": message["function_call"]})
+                for position, call in enumerate(calls):
+                    function = call.get("function") or {}
+                    events.append(
+                        ToolCallDelta(
+                            index=index,
+                            call_index=position,
+                            id=call.get("id") or new_call_id(),
+                            name=function.get("name") or "",
+                            arguments=arguments_text(function.get("arguments")),
+                        )
+                    )
+                    fragments += len(arguments_text(function.get("arguments")).split())
+                reason = canonical_reason(choice.get("finish_reason"), choice.get("stop_reason"))
+                events.append(Finish(index, reason))
+            usage = read_usage(body.get("usage"))
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
+            raise malformed(exc) from None
+        if usage is None:
+            self.warn_no_usage()
+            usage = Usage(0, fragments)
+        events.append(usage)
+        return events
+
+    def warn_no_usage(self) -> None:
+        if not self._warned_no_usage:
+            self._warned_no_usage = True
+            log.warning(
+                "upstream %s sent no usage: completion tokens are estimated (chunks seen), "
+                "prompt tokens reported as 0",
+                self.options.base_url,
+            )
+
+    # ----- errors -------------------------------------------------------------------------
+
+    def transport_error(self, exc: Exception, elapsed: float) -> GatewayError:
+        """A failure to talk to the upstream, as the gateway error the client gets."""
+        log.warning("upstream %s: %s: %s", self.options.base_url, type(exc).__name__, exc)
+        if isinstance(exc, httpx.PoolTimeout):
+            return ServiceUnavailable("All connections to the upstream are busy; try again later.")
+        if isinstance(exc, httpx.ConnectTimeout | httpx.ConnectError):
+            return ServiceUnavailable("The upstream model server cannot be reached.")
+        if isinstance(exc, TimeoutError | httpx.TimeoutException):
+            return GatewayTimeout(f"The upstream model server did not answer in time ({elapsed:.1f} s).")
+        return BadGateway(f"The connection to the upstream model server failed ({type(exc).__name__}).")
+
+    def status_error(self, status: int, raw: bytes, headers: httpx.Headers) -> GatewayError:
+        """An upstream error response, as the gateway error the client gets."""
+        message, param = error_message(raw)
+        if status in (401, 403):
+            log.error("upstream %s refused the gateway's credentials (%d)", self.options.base_url, status)
+            return BadGateway(f"The upstream model server refused the gateway's credentials ({status}).")
+        log.info("upstream %s answered %d: %s", self.options.base_url, status, message)
+        if status == 400:
+            return BadRequest(message, param=param, loc=["body", param] if param else None)
+        if status == 404:
+            return NotFound(message, param=param)
+        if status == 422:
+            return UnprocessableContent(message, param=param, loc=["body", param] if param else None)
+        if status == 429:
+            retry_after = headers.get("retry-after")
+            return TooManyRequests(message, headers={"Retry-After": retry_after} if retry_after else None)
+        if status >= 500:
+            return BadGateway(f"The upstream model server failed ({status}): {message}")
+        return BadRequest(message, param=param)
+
+
+# ----- the stream ---------------------------------------------------------------------------
+
+
+class SSEDecoder:
+    """Server-sent events → the payload of each event's `data:` lines; stops at `[DONE]`."""
+
+    __slots__ = ("buffer", "data", "done")
+
+    def __init__(self) -> None:
+        self.buffer = b""
+        self.data: list[bytes] = []
+        self.done = False
+
+    def feed(self, piece: bytes) -> list[bytes]:
+        buffer = self.buffer + piece if self.buffer else piece
+        payloads: list[bytes] = []
+        start = 0
+        while not self.done and (end := buffer.find(b"\n", start)) >= 0:
+            self.line(buffer[start:end], payloads)
+            start = end + 1
+        self.buffer = buffer[start:]
+        return payloads
+
+    def close(self) -> list[bytes]:
+        payloads: list[bytes] = []
+        if self.buffer and not self.done:
+            self.line(self.buffer, payloads)
+        self.buffer = b""
+        self.line(b"", payloads)
+        return payloads
+
+    def line(self, line: bytes, payloads: list[bytes]) -> None:
+        if line.endswith(b"\r"):
+            line = line[:-1]
+        if not line:  # an empty line ends the event
+            if self.data:
+                payloads.append(self.data[0] if len(self.data) == 1 else b"\n".join(self.data))
+                self.data = []
+            return
+        if not line.startswith(b"data:"):
+            return  # comments, event:, id:, retry: carry nothing we need
+        value = line[6:] if line.startswith(b"data: ") else line[5:]
+        if value == b"[DONE]":
+            self.done = True
+            self.data = []
+        else:
+            self.data.append(value)
+
+
+@dataclass(slots=True)
+class PendingCall:
+    """A streamed tool call whose arguments are still arriving in fragments."""
+
+    call_index: int
+    id: str
+    name: str
+    arguments: list[str] = field(default_factory=list)
+
+
+class StreamState:
+    """Folds chat.completion.chunk payloads into canonical events.
+
+    Tool calls stream as fragments; each is sent whole once the next call of its choice
+    begins or the choice finishes.
+    """
+
+    __slots__ = ("calls", "finished", "fragments", "n", "seen", "usage")
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.calls: dict[int, dict[int, PendingCall]] = {}
+        self.seen: set[int] = set()
+        self.finished: set[int] = set()
+        self.fragments = 0  # content / tool-call chunks seen: the usage estimate when none is sent
+        self.usage: Usage | None = None
+
+    @property
+    def unfinished(self) -> bool:
+        return not self.seen or bool(self.seen - self.finished)
+
+    def feed(self, chunk: Any) -> list[Event]:
+        if isinstance(chunk, dict) and chunk.get("error") is not None:
+            raise stream_error(chunk["error"])
+        events: list[Event] = []
+        try:
+            for choice in chunk.get("choices") or ():
+                index = choice_index(choice, self.n)
+                self.seen.add(index)
+                delta = choice.get("delta") or {}
+                text = delta.get("content")
+                logprobs = token_logprobs(choice.get("logprobs"))
+                if text or logprobs:
+                    events.append(TextDelta(index, content_text(text), logprobs))
+                    self.fragments += 1
+                calls = delta.get("tool_calls")
+                if delta.get("function_call"):
+                    calls = [{"index": 0, "function": delta["function_call"]}]
+                if calls:
+                    self.collect(index, calls, events)
+                    self.fragments += 1
+                reason = choice.get("finish_reason")
+                if reason:
+                    self.flush(index, events)
+                    events.append(Finish(index, canonical_reason(reason, choice.get("stop_reason"))))
+                    self.finished.add(index)
+            if chunk.get("usage"):
+                self.usage = read_usage(chunk["usage"])
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
+            raise malformed(exc) from None
+        return events
+
+    def collect(self, index: int, fragments: list[dict[str, Any]], events: list[Event]) -> None:
+        pending = self.calls.setdefault(index, {})
+        for fragment in fragments:
+            call_index = fragment.get("index", 0)
+            function = fragment.get("function") or {}
+            call = pending.get(call_index)
+            if call is None:
+                # a new call begins: the earlier calls of this choice are complete
+                for earlier in sorted(k for k in pending if k < call_index):
+                    events.append(self.whole(index, pending.pop(earlier)))
+                call = pending[call_index] = PendingCall(call_index, "", "")
+            call.id = call.id or fragment.get("id") or ""
+            call.name = call.name or function.get("name") or ""
+            arguments = function.get("arguments")
+            if arguments:
+                call.arguments.append(arguments_text(arguments))
+
+    def flush(self, index: int, events: list[Event]) -> None:
+        pending = self.calls.pop(index, {})
+        for call_index in sorted(pending):
+            events.append(self.whole(index, pending[call_index]))
+
+    @staticmethod
+    def whole(index: int, call: PendingCall) -> ToolCallDelta:
+        return ToolCallDelta(
+            index, call.call_index, call.id or new_call_id(), call.name, "".join(call.arguments)
+        )
+
+    def close(self) -> list[Event]:
+        """After the stream: calls never flushed, and a finish for choices that got none."""
+        events: list[Event] = []
+        for index in sorted(self.seen - self.finished):
+            had_calls = bool(self.calls.get(index))
+            self.flush(index, events)
+            events.append(Finish(index, "tool_calls" if had_calls else "stop"))
+            self.finished.add(index)
+        return events
+
+
+# ----- reading upstream JSON ------------------------------------------------------------------
+
+
+def parse_json(raw: bytes) -> Any:
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise BadGateway(f"The upstream model server sent a malformed response: {snippet(raw)!r}") from None
+
+
+def malformed(exc: Exception) -> BadGateway:
+    return BadGateway(f"The upstream model server sent an unexpected response ({type(exc).__name__}: {exc}).")
+
+
+def snippet(raw: bytes, limit: int = 200) -> str:
+    return raw[:limit].decode("utf-8", "replace")
+
+
+def choice_index(choice: Mapping[str, Any], n: int) -> int:
+    index = choice.get("index", 0)
+    if not isinstance(index, int) or not 0 <= index < n:
+        raise ValueError(f"choice index {index!r} outside 0..{n - 1}")
+    return index
+
+
+def content_text(content: Any) -> str:
+    """Message content as text (a list of parts is joined by its text parts)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(part.get("text") or "" for part in content if isinstance(part, dict))
+
+
+def arguments_text(arguments: Any) -> str:
+    if arguments is None:
+        return ""
+    return arguments if isinstance(arguments, str) else orjson.dumps(arguments).decode()
+
+
+def token_logprobs(logprobs: Any) -> list[TokenLogprob] | None:
+    if isinstance(logprobs, list):  # LMI wraps the object in a one-element list
+        logprobs = logprobs[0] if logprobs else None
+    if not logprobs:
+        return None
+    content = logprobs.get("content")
+    if content is None:
+        return None
+    return [
+        TokenLogprob(
+            entry["token"],
+            entry.get("logprob"),
+            [TopLogprob(top["token"], top["logprob"]) for top in entry.get("top_logprobs") or ()],
+        )
+        for entry in content
+    ]
+
+
+def canonical_reason(reason: Any, stop_reason: Any = None) -> FinishReason:
+    canonical = FINISH_REASONS.get(reason, "stop") if isinstance(reason, str) else "stop"
+    if canonical == "stop" and isinstance(stop_reason, str):
+        return "stop_sequence"  # vLLM names the stop string that matched
+    return canonical
+
+
+def read_usage(usage: Any) -> Usage | None:
+    if not usage:
+        return None
+    return Usage(int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0))
+
+
+def new_call_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+def error_message(raw: bytes) -> tuple[str, str | None]:
+    """The message (and offending parameter) in an upstream error body of any common shape."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return (snippet(raw, MESSAGE_LIMIT).strip() or "(empty response)"), None
+    if not isinstance(body, dict):
+        return snippet(raw, MESSAGE_LIMIT), None
+    error = body.get("error")
+    if isinstance(error, dict):  # OpenAI, vLLM, chatgate
+        message, param = error.get("message"), error.get("param")
+    else:  # OVMS / Aleph Alpha {"error": "..."}, Azure {"error", "message"}, LMI {"message"}
+        message = body.get("message") or error or body.get("detail")
+        param = body.get("param")
+    if not isinstance(message, str):
+        message = orjson.dumps(message).decode() if message is not None else snippet(raw)
+    return message[:MESSAGE_LIMIT], param if isinstance(param, str) else None
+
+
+def stream_error(error: Any) -> GatewayError:
+    """An error the upstream sent in place of a completion or chunk."""
+    message = error.get("message") if isinstance(error, dict) else error
+    return BadGateway(f"The upstream model server reported an error: {message}")

@@ -1,0 +1,86 @@
+"""Bad input gets a 4xx in the dialect's own error shape (as its document says), never a 500."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.documents import response_errors
+
+# (dialect spec file, path in the document, URL path on the default mounts, minimal valid body)
+CHAT_ROUTES = [
+    ("openai.yaml", "/chat/completions", "/v1/chat/completions", {"model": "m"}),
+    ("azure.yaml", "/chat/completions", "/azure/chat/completions?api-version=2024-05-01-preview", {}),
+    ("aleph_alpha.yaml", "/chat/completions", "/aleph-alpha/chat/completions", {"model": "m"}),
+    ("lmi.yaml", "/v1/chat/completions", "/lmi/v1/chat/completions", {}),
+    ("lmi.yaml", "/invocations", "/lmi/invocations", {}),
+    ("ovms.yaml", "/chat/completions", "/v3/chat/completions", {"model": "m"}),
+]
+USER = [{"role": "user", "content": "hi"}]
+
+BAD_BODIES = {
+    "not json": (b"{this is not json", "application/json", 400),
+    "not utf-8": (b'{"messages": "\xff\xfe"}', "application/json", 400),
+    "empty": (b"", "application/json", 400),
+    "json array": (b"[1, 2]", "application/json", 400),
+    "wrong content type": (b"hello", "text/plain", 415),
+}
+
+
+@pytest.mark.parametrize("route", CHAT_ROUTES, ids=lambda r: r[2])
+@pytest.mark.parametrize("case", BAD_BODIES, ids=str)
+def test_unreadable_bodies(gateway_url: str, route, case: str):
+    spec_file, doc_path, url_path, _ = route
+    raw, content_type, status = BAD_BODIES[case]
+    response = httpx.post(f"{gateway_url}{url_path}", content=raw, headers={"content-type": content_type})
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/json")
+    assert response.headers["x-request-id"]
+    assert response_errors(spec_file, doc_path, "post", status, response.json()) == []
+
+
+SPEC_VIOLATIONS = {
+    "messages missing": {},
+    "role unknown": {"messages": [{"role": "wizard", "content": "hi"}]},
+    "temperature too high": {"messages": USER, "temperature": 99},
+    "n zero": {"messages": USER, "n": 0},
+    "top_logprobs 21": {"messages": USER, "logprobs": True, "top_logprobs": 21},
+    "stream not boolean": {"messages": USER, "stream": "yes"},
+}
+
+
+@pytest.mark.parametrize("route", CHAT_ROUTES, ids=lambda r: r[2])
+@pytest.mark.parametrize("case", SPEC_VIOLATIONS, ids=str)
+def test_spec_violations(gateway_url: str, route, case: str):
+    spec_file, doc_path, url_path, minimal = route
+    body = {**minimal, **SPEC_VIOLATIONS[case]}
+    response = httpx.post(f"{gateway_url}{url_path}", json=body)
+    assert 400 <= response.status_code < 500, response.text
+    assert response_errors(spec_file, doc_path, "post", response.status_code, response.json()) == []
+
+
+def test_too_many_stop_sequences_in_openai(gateway_url: str):
+    response = httpx.post(
+        f"{gateway_url}/v1/chat/completions",
+        json={"model": "m", "messages": USER, "stop": ["a", "b", "c", "d", "e"]},
+    )
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["param"] == "stop" and error["type"] == "invalid_request_error"
+
+
+def test_unknown_route_is_404_in_shape(gateway_url: str):
+    response = httpx.get(f"{gateway_url}/v1/nothing-here")
+    assert response.status_code == 404
+    assert response.json()["error"]["code"]
+
+
+def test_request_id_is_echoed(gateway_url: str):
+    response = httpx.post(
+        f"{gateway_url}/v1/chat/completions",
+        headers={"x-request-id": "trace-123"},
+        json={"model": "m", "messages": USER},
+    )
+    assert response.headers["x-request-id"] == "trace-123"
+    fresh = httpx.post(f"{gateway_url}/v1/chat/completions", json={"model": "m", "messages": USER})
+    assert len(fresh.headers["x-request-id"]) == 32

@@ -1,0 +1,95 @@
+"""The Azure AI Model Inference dialect at /azure, driven by the official azure-ai-inference SDK."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from azure.ai.inference import ChatCompletionsClient
+from azure.ai.inference.models import (
+    CompletionsFinishReason,
+    ModelType,
+    SystemMessage,
+    UserMessage,
+)
+from azure.core.credentials import AzureKeyCredential
+
+from backends.echo import PREFIX
+
+MESSAGES = [SystemMessage("Be brief."), UserMessage("How many moons has Mars?")]
+API_VERSION = {"api-version": "2024-05-01-preview"}
+
+
+@pytest.fixture(scope="module")
+def client(gateway_url: str) -> ChatCompletionsClient:
+    return ChatCompletionsClient(endpoint=f"{gateway_url}/azure", credential=AzureKeyCredential("unused-key"))
+
+
+def test_complete(client: ChatCompletionsClient):
+    result = client.complete(messages=MESSAGES, max_tokens=100)
+    assert result.choices[0].message.content == f"{PREFIX} How many moons has Mars?"
+    assert result.choices[0].finish_reason == CompletionsFinishReason.STOPPED
+    assert result.usage.total_tokens == result.usage.prompt_tokens + result.usage.completion_tokens
+    assert result.model == "echo"
+
+
+def test_stream(client: ChatCompletionsClient):
+    updates = list(client.complete(messages=MESSAGES, stream=True, max_tokens=5))
+    text = "".join(u.choices[0].delta.content or "" for u in updates if u.choices)
+    assert text == " ".join(f"{PREFIX}".split()[:5])
+    assert updates[-1].choices[0].finish_reason == CompletionsFinishReason.TOKEN_LIMIT_REACHED
+
+
+def test_get_model_info(client: ChatCompletionsClient):
+    info = client.get_model_info()
+    assert info.model_name == "echo"
+    assert info.model_type == ModelType.CHAT_COMPLETION
+    assert info.model_provider_name == "chatgate"
+
+
+def test_model_extras_are_passed_through(client: ChatCompletionsClient):
+    # model_extras makes the SDK send `extra-parameters: pass-through`
+    result = client.complete(messages=MESSAGES, model_extras={"safe_mode": True})
+    assert result.choices[0].message.content.startswith(PREFIX)
+
+
+def test_extra_parameter_refused_in_azure_shape(gateway_url: str):
+    response = httpx.post(
+        f"{gateway_url}/azure/chat/completions",
+        params=API_VERSION,
+        json={"messages": [{"role": "user", "content": "hi"}], "safe_mode": True},
+    )
+    assert response.status_code == 400
+    body = response.json()
+    assert body["status"] == 400 and body["param"] == "safe_mode"
+    assert "safe_mode" in body["message"]
+    assert response.headers["x-ms-error-code"] == body["code"]
+    dropped = httpx.post(
+        f"{gateway_url}/azure/chat/completions",
+        params=API_VERSION,
+        headers={"extra-parameters": "ignore"},
+        json={"messages": [{"role": "user", "content": "hi"}], "safe_mode": True},
+    )
+    assert dropped.status_code == 200
+
+
+def test_api_version_is_required(gateway_url: str):
+    response = httpx.get(f"{gateway_url}/azure/info")
+    assert response.status_code == 400
+    assert "api-version" in response.json()["message"]
+    assert response.headers["x-ms-error-code"]
+
+
+def test_unknown_deployment_header_is_404(gateway_url: str):
+    response = httpx.post(
+        f"{gateway_url}/azure/chat/completions",
+        params=API_VERSION,
+        headers={"azureml-model-deployment": "nope"},
+        json={"messages": [{"role": "user", "content": "hi"}]},
+    )
+    assert response.status_code == 404
+    assert response.json() == {
+        "error": "Not found",
+        "message": "Deployment 'nope' not found.",
+        "status": 404,
+    }
+    assert response.headers["x-ms-error-code"] == "DeploymentNotFound"
