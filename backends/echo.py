@@ -133,7 +133,7 @@ class EchoBackend:
             "tool_choice",
             "response_format",
             "user",
-        ),  # fmt: skip
+        ),
         response_formats=frozenset({"text", "json_object", "json_schema"}),
         max_n=128,
         max_top_logprobs=20,

@@ -23,6 +23,7 @@ The model runs in a small thread pool (`max_concurrency` workers), never on the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import threading
 from collections.abc import AsyncIterator, Callable
@@ -36,7 +37,14 @@ from pydantic import BaseModel, ConfigDict, DirectoryPath, Field, ValidationErro
 from backends.base import Capabilities, Param
 from gateway.canonical import ChatRequest, Event, Finish, TextDelta, TokenLogprob, TopLogprob, Usage
 from gateway.config import describe
-from gateway.errors import BadRequest, GatewayError, InternalError, NotFound, UnprocessableContent
+from gateway.errors import (
+    BadRequest,
+    GatewayError,
+    InternalError,
+    NotFound,
+    ServiceUnavailable,
+    UnprocessableContent,
+)
 
 try:
     import torch
@@ -156,7 +164,8 @@ def number(settings: dict[str, Any], name: str, default: float, low: float, high
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
-        raise refuse(f"'{name}' must be a number from {low} to {high}.", name, value)
+        bounds = f"from {low:g} to {high:g}" if high != float("inf") else f"of {low:g} or more"
+        raise refuse(f"'{name}' must be a number {bounds}.", name, value)
     return float(value)
 
 
@@ -171,6 +180,8 @@ def sampling_for(request: ChatRequest, vocab_size: int, default_max_tokens: int 
             "response_format",
             request.response_format,
         )
+    if request.max_tokens is not None and request.max_tokens < 1:
+        raise refuse("'max_tokens' must be at least 1.", "max_tokens", request.max_tokens)
     if not 1 <= request.n <= MAX_N:
         raise refuse(f"'n' must be from 1 to {MAX_N} for this model.", "n", request.n)
     if request.logprobs and not 0 <= request.top_logprobs <= MAX_TOP_LOGPROBS:
@@ -351,6 +362,8 @@ class LocalBackend:
         self.eos_ids = self.find_eos_ids()
         self.keeps_last_logits = "logits_to_keep" in inspect.signature(self.model.forward).parameters
         self.token_texts: dict[int, str] = {}
+        # A fast tokenizer's Rust core refuses concurrent use ("Already borrowed"): one at a time.
+        self.tokenizer_lock = threading.Lock()
         context_length = self.find_context_length()
         self.capabilities = Capabilities(
             modalities=frozenset({"text"}),
@@ -405,8 +418,8 @@ class LocalBackend:
         return min(model_length, cap) if cap else model_length
 
     async def aclose(self) -> None:
-        self.closed.set()
-        self.executor.shutdown(wait=False, cancel_futures=True)
+        self.closed.set()  # queued and running jobs see it and end at once
+        self.executor.shutdown(wait=False)
 
     # ----- the async face --------------------------------------------------------------
 
@@ -417,7 +430,7 @@ class LocalBackend:
         cancelled = threading.Event()
 
         def send(item: Event | BaseException | None) -> None:
-            if not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop is gone: nobody is listening
                 loop.call_soon_threadsafe(queue.put_nowait, item)
 
         def job() -> None:
@@ -429,6 +442,8 @@ class LocalBackend:
             finally:
                 send(None)
 
+        if self.closed.is_set():
+            raise ServiceUnavailable("The local model is shutting down.")
         loop.run_in_executor(self.executor, job)
         try:
             while (item := await queue.get()) is not None:
@@ -444,25 +459,27 @@ class LocalBackend:
 
     def prompt_ids(self, messages: list[dict[str, Any]]) -> list[int]:
         try:
-            text = self.tokenizer.apply_chat_template(
-                template_messages(messages),
-                chat_template=self.chat_template,
-                add_generation_prompt=True,
-                tokenize=False,
-            )
+            with self.tokenizer_lock:
+                text = self.tokenizer.apply_chat_template(
+                    template_messages(messages),
+                    chat_template=self.chat_template,
+                    add_generation_prompt=True,
+                    tokenize=False,
+                )
         except GatewayError:
             raise
         except Exception as error:  # a template that refuses the conversation (e.g. role order)
             raise BadRequest(
                 f"The model's chat template refused the messages: {error}", param="messages"
             ) from None
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        with self.tokenizer_lock:
+            return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def output_budget(self, prompt_length: int, sampling: Sampling) -> int:
         context = self.capabilities.context_length
         room = context - prompt_length
         asked = sampling.max_new_tokens
-        if room < 1 or (asked is not None and asked > room):
+        if room < 1 or (asked is not None and asked > room):  # as OpenAI words it
             raise BadRequest(
                 f"This model's maximum context length is {context} tokens. However, you requested "
                 f"{prompt_length + (asked or 1)} tokens ({prompt_length} in the messages, "
@@ -470,16 +487,18 @@ class LocalBackend:
                 param="messages" if room < 1 else "max_tokens",
                 code="context_length_exceeded",
             )
-        return min(asked or room, room)
+        return room if asked is None else asked
 
     def token_text(self, token_id: int) -> str:
         text = self.token_texts.get(token_id)
         if text is None:
-            text = self.token_texts[token_id] = self.tokenizer.decode([token_id])
+            with self.tokenizer_lock:
+                text = self.token_texts[token_id] = self.tokenizer.decode([token_id])
         return text
 
     def decode_text(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+        with self.tokenizer_lock:
+            return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def forward(self, input_ids: torch.Tensor, past: Any) -> tuple[torch.Tensor, Any]:
         kwargs = {"logits_to_keep": 1} if self.keeps_last_logits else {}
@@ -551,7 +570,7 @@ class LocalBackend:
         choice.tokens += 1
         if token in self.eos_ids and not sampling.ignore_eos:
             choice.finished = True
-            self.send_text(index, choice, choice.assembler.flush(), send)
+            self.send_text(index, choice, choice.assembler.flush(), send, force=True)
             send(Finish(index, "stop"))
             return
         if entry is not None:

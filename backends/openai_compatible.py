@@ -358,39 +358,36 @@ class SSEDecoder:
         self.done = False
 
     def feed(self, piece: bytes) -> list[bytes]:
-        buffer = self.buffer + piece if self.buffer else piece
-        payloads: list[bytes] = []
-        start = 0
-        while not self.done and (end := buffer.find(b"\n", start)) >= 0:
-            self.line(buffer[start:end], payloads)
-            start = end + 1
-        self.buffer = buffer[start:]
-        return payloads
+        lines = (self.buffer + piece if self.buffer else piece).split(b"\n")
+        self.buffer = lines.pop()  # an unfinished line waits for the next piece
+        return self.lines(lines)
 
     def close(self) -> list[bytes]:
-        payloads: list[bytes] = []
-        if self.buffer and not self.done:
-            self.line(self.buffer, payloads)
-        self.buffer = b""
-        self.line(b"", payloads)
-        return payloads
+        """The stream ended: what its last lines still hold."""
+        lines, self.buffer = [self.buffer, b""], b""
+        return self.lines(lines)
 
-    def line(self, line: bytes, payloads: list[bytes]) -> None:
-        if line.endswith(b"\r"):
-            line = line[:-1]
-        if not line:  # an empty line ends the event
-            if self.data:
-                payloads.append(self.data[0] if len(self.data) == 1 else b"\n".join(self.data))
-                self.data = []
-            return
-        if not line.startswith(b"data:"):
-            return  # comments, event:, id:, retry: carry nothing we need
-        value = line[6:] if line.startswith(b"data: ") else line[5:]
-        if value == b"[DONE]":
-            self.done = True
-            self.data = []
-        else:
-            self.data.append(value)
+    def lines(self, lines: list[bytes]) -> list[bytes]:
+        payloads: list[bytes] = []
+        data = self.data
+        for line in lines:
+            if self.done:
+                break
+            if line.endswith(b"\r"):
+                line = line[:-1]
+            if not line:  # an empty line ends the event
+                if data:
+                    payloads.append(data[0] if len(data) == 1 else b"\n".join(data))
+                    data.clear()
+            elif line.startswith(b"data:"):
+                value = line[6:] if line[5:6] == b" " else line[5:]
+                if value == b"[DONE]":
+                    self.done = True
+                    data.clear()
+                else:
+                    data.append(value)
+            # other lines (comments, event:, id:, retry:) carry nothing needed here
+        return payloads
 
 
 @dataclass(slots=True)
