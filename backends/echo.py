@@ -25,7 +25,13 @@ from gateway.canonical import (
     TopLogprob,
     Usage,
 )
+from gateway.policy.capabilities import GENERATION_OPTIONS
 
+SHAPING_PARAMETERS = (
+    "max_tokens", "stop", "n", "seed", "logprobs", "top_logprobs", "temperature", "top_p",
+    "frequency_penalty", "presence_penalty", "logit_bias", "tools", "tool_choice",
+    "response_format", "user",
+)  # fmt: skip
 PREFIX = "[chatgate echo backend, not a language model] You said:"
 TOKEN = re.compile(r"\s*\S+|\s+")
 MESSAGE_OVERHEAD_TOKENS = 3  # role and separators, as chat templates add them
@@ -117,23 +123,9 @@ class EchoBackend:
     name = "echo"
     capabilities = Capabilities(
         modalities=frozenset({"text", "image", "audio"}),
-        parameters=same_names(
-            "max_tokens",
-            "stop",
-            "n",
-            "seed",
-            "logprobs",
-            "top_logprobs",
-            "temperature",
-            "top_p",
-            "frequency_penalty",
-            "presence_penalty",
-            "logit_bias",
-            "tools",
-            "tool_choice",
-            "response_format",
-            "user",
-        ),
+        # Echo honours the shape-giving parameters and accepts every sampling one (it does
+        # not sample), so that every dialect's parameters can be exercised end to end.
+        parameters=same_names(*SHAPING_PARAMETERS, *GENERATION_OPTIONS),
         response_formats=frozenset({"text", "json_object", "json_schema"}),
         max_n=128,
         max_top_logprobs=20,
@@ -167,6 +159,9 @@ class EchoBackend:
         if response_format == "json_schema":
             schema = (request.response_format.get("json_schema") or {}).get("schema") or {}
             return orjson.dumps(instance_for(schema, heard)).decode(), None
+        if request.extra:  # pass-through parameters: say what arrived, so callers can see it
+            received = orjson.dumps(request.extra, option=orjson.OPT_SORT_KEYS).decode()
+            return f"{PREFIX} {heard} [extra parameters: {received}]", None
         return f"{PREFIX} {heard}", None
 
     @staticmethod

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import logging
 import threading
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -51,6 +52,8 @@ try:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 except ImportError:  # the `local` extra is not installed; LocalBackend() says so
     torch = None
+
+log = logging.getLogger("chatgate.local")
 
 INSTALL_HINT = "the local backend needs torch and transformers: pip install -e '.[local]'"
 
@@ -350,10 +353,15 @@ class LocalBackend:
         self.device = self.pick_device(self.options.device)
         path = Path(self.options.path)
         trust = self.options.trust_remote_code
-        self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=trust)
-        self.model = AutoModelForCausalLM.from_pretrained(
-            path, local_files_only=True, trust_remote_code=trust, dtype=self.pick_dtype()
-        ).to(self.device)
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(
+                path, local_files_only=True, trust_remote_code=trust
+            )
+            self.model = AutoModelForCausalLM.from_pretrained(
+                path, local_files_only=True, trust_remote_code=trust, dtype=self.pick_dtype()
+            ).to(self.device)
+        except (OSError, ValueError) as error:
+            raise ValueError(f"local backend '{model}': cannot load a model from {path}: {error}") from None
         self.model.eval()
         self.chat_template = (
             self.options.chat_template or self.tokenizer.chat_template or FALLBACK_CHAT_TEMPLATE
@@ -447,13 +455,23 @@ class LocalBackend:
         loop.run_in_executor(self.executor, job)
         try:
             while (item := await queue.get()) is not None:
-                if isinstance(item, GatewayError):
-                    raise item
                 if isinstance(item, BaseException):
-                    raise InternalError(f"The local model failed: {item}") from item
+                    raise self.gateway_error(item)
                 yield item
         finally:
             cancelled.set()  # the worker stops at its next token if the client went away
+
+    @staticmethod
+    def gateway_error(error: BaseException) -> GatewayError:
+        if isinstance(error, GatewayError):
+            return error
+        if isinstance(error, torch.OutOfMemoryError):
+            return ServiceUnavailable(
+                "The local model is out of memory; try again later or ask for fewer tokens.",
+                headers={"Retry-After": "1"},
+            )
+        log.error("local model failed", exc_info=error)
+        return InternalError("The local model failed while generating.")
 
     # ----- the decode loop (runs in a worker thread) -----------------------------------
 

@@ -261,7 +261,10 @@ class OpenAICompatibleBackend:
                 pass
 
     def completion_events(self, body: Any, request: ChatRequest) -> list[Event]:
-        """A whole chat.completion as events: per choice its text, tool calls and finish; then usage."""
+        """A whole chat.completion as events: per choice its text, tool calls and finish; then usage.
+
+        Without upstream usage, completion tokens are estimated (logprob entries, else words).
+        """
         if isinstance(body, dict) and body.get("error") is not None:
             raise stream_error(body["error"])
         try:
@@ -280,16 +283,12 @@ class OpenAICompatibleBackend:
                     calls.append({"function": message["function_call"]})
                 for position, call in enumerate(calls):
                     function = call.get("function") or {}
+                    arguments = arguments_text(function.get("arguments"))
+                    call_id = call.get("id") or new_call_id()
                     events.append(
-                        ToolCallDelta(
-                            index=index,
-                            call_index=position,
-                            id=call.get("id") or new_call_id(),
-                            name=function.get("name") or "",
-                            arguments=arguments_text(function.get("arguments")),
-                        )
+                        ToolCallDelta(index, position, call_id, function.get("name") or "", arguments)
                     )
-                    fragments += len(arguments_text(function.get("arguments")).split())
+                    fragments += len(arguments.split())
                 reason = canonical_reason(choice.get("finish_reason"), choice.get("stop_reason"))
                 events.append(Finish(index, reason))
             usage = read_usage(body.get("usage"))

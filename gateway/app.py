@@ -26,7 +26,7 @@ from gateway.config import Settings
 from gateway.dialects import DIALECTS
 from gateway.dialects.base import REQUEST_ID_SCOPE_KEY, Dialect
 from gateway.errors import GatewayError, InternalError, error_for_status
-from gateway.middleware import RequestIdMiddleware
+from gateway.middleware import GatewayMiddleware
 from gateway.policy.auth import open_access_security_map
 from gateway.runtime import Runtime
 from gateway.spec import DialectSpec, load_document
@@ -84,7 +84,7 @@ def create_app(settings: Settings) -> ASGIApp:
     app = connexion.AsyncApp(
         "chatgate",
         lifespan=lifespan,
-        security_map=open_access_security_map(),
+        security_map=None if runtime.keys.enabled else open_access_security_map(),
         validator_map=validator_map(settings.server.max_body_bytes),
         pythonic_params=True,
         swagger_ui_options=SwaggerUIOptions(swagger_ui=True, serve_spec=True),
@@ -130,4 +130,4 @@ def create_app(settings: Settings) -> ASGIApp:
     for exception_class in (GatewayError, ProblemException, HTTPException, Exception):
         app.add_error_handler(exception_class, render_error)
 
-    return RequestIdMiddleware(app)
+    return GatewayMiddleware(app, runtime.keys)

@@ -51,5 +51,26 @@ def serve(
     )
 
 
+keys_cli = typer.Typer(help="Manage API keys.", no_args_is_help=True)
+cli.add_typer(keys_cli, name="keys")
+
+
+@keys_cli.command("new")
+def keys_new(
+    name: Annotated[str, typer.Argument(help="A name for the key (shows in logs and metrics).")],
+    deployment: Annotated[
+        list[str] | None, typer.Option(help="A deployment the key may use (repeat; default all).")
+    ] = None,
+) -> None:
+    """Print a fresh key once, and the entry to paste under `keys:` in the config."""
+    from gateway.policy.auth import new_key
+
+    key, sha256 = new_key()
+    deployments = ", ".join(f'"{d}"' for d in deployment) if deployment else '"*"'
+    typer.echo(f"key (shown once, store it now): {key}")
+    typer.echo("config entry:")
+    typer.echo(f'  - {{name: "{name}", sha256: "{sha256}", deployments: [{deployments}]}}')
+
+
 def main() -> None:
     cli()

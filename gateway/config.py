@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 ExtraParamsPolicy = Literal["pass-through", "drop", "error"]
 
@@ -33,6 +34,22 @@ class Mounts(Strict):
         return "" if value == "/" else value
 
 
+class Limits(Strict):
+    """Requests and tokens per minute; absent means unlimited."""
+
+    requests_per_minute: int | None = Field(default=None, ge=1)
+    tokens_per_minute: int | None = Field(default=None, ge=1)
+
+
+class DeploymentCapabilities(Strict):
+    """Narrows what the backend declares, for the model this deployment serves."""
+
+    modalities: list[Literal["text", "image", "audio"]] | None = None
+    unsupported_parameters: list[str] = Field(default_factory=list)
+    context_length: int | None = Field(default=None, ge=1)
+    max_n: int | None = Field(default=None, ge=1)
+
+
 class Deployment(Strict):
     name: str = Field(min_length=1)
     backend: Literal["echo", "tgi", "openai-compatible", "local"] = "echo"
@@ -45,11 +62,55 @@ class Deployment(Strict):
     )
     provider: str = "chatgate"
     extra_parameters: ExtraParamsPolicy = "error"
+    capabilities: DeploymentCapabilities = DeploymentCapabilities()
+    limits: Limits = Limits()
     options: dict[str, Any] = Field(default_factory=dict)
 
     @property
     def served_model(self) -> str:
         return self.model or self.name
+
+
+class Key(Strict):
+    """An API key, stored only as its SHA-256 (`chatgate keys new NAME` makes one)."""
+
+    name: str = Field(min_length=1)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    deployments: list[str] = Field(default_factory=lambda: ["*"])
+    limits: Limits = Limits()
+
+
+class RedisLimits(Strict):
+    url: str
+    on_error: Literal["fail-open", "fail-closed"] = "fail-closed"
+    prefix: str = "chatgate:limits:"
+
+
+class RateLimiting(Strict):
+    """Where counters live: this process (`memory`) or a Redis shared by every replica."""
+
+    store: Literal["memory", "redis"] = "memory"
+    redis: RedisLimits | None = None
+
+
+class FilterRules(Strict):
+    words: list[str] = Field(default_factory=list)
+    patterns: list[str] = Field(default_factory=list)
+
+    @field_validator("patterns")
+    @classmethod
+    def compiles(cls, patterns: list[str]) -> list[str]:
+        for pattern in patterns:
+            try:
+                re.compile(pattern)
+            except re.error as error:
+                raise ValueError(f"bad regular expression {pattern!r}: {error}") from None
+        return patterns
+
+
+class ContentFilter(Strict):
+    input: FilterRules = FilterRules()
+    output: FilterRules = FilterRules()
 
 
 class Server(Strict):
@@ -61,6 +122,9 @@ class Server(Strict):
 class Settings(Strict):
     server: Server = Server()
     mounts: Mounts = Mounts()
+    keys: list[Key] = Field(default_factory=list)
+    rate_limits: RateLimiting = RateLimiting()
+    content_filter: ContentFilter = ContentFilter()
     deployments: list[Deployment] = Field(
         default_factory=lambda: [Deployment(name="echo", backend="echo", models=["*"])],
         min_length=1,
@@ -74,6 +138,17 @@ class Settings(Strict):
         if duplicates:
             raise ValueError(f"deployment names must be unique: {', '.join(duplicates)}")
         return deployments
+
+    @model_validator(mode="after")
+    def references_exist(self) -> Settings:
+        names = {d.name for d in self.deployments}
+        for index, key in enumerate(self.keys):
+            unknown = sorted(set(key.deployments) - names - {"*"})
+            if unknown:
+                raise ValueError(f"keys.{index}.deployments: unknown deployments {unknown}")
+        if self.rate_limits.store == "redis" and self.rate_limits.redis is None:
+            raise ValueError("rate_limits.redis: required when rate_limits.store is redis")
+        return self
 
 
 class ConfigError(Exception):

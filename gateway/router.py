@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from backends import Backend, create_backend
+from backends import Backend, Capabilities, create_backend
 from gateway.config import Deployment
 from gateway.errors import NotFound
+from gateway.policy.capabilities import effective
+from gateway.policy.limits import Bucket, buckets_for
 
 WILDCARD = "*"
 
@@ -15,6 +17,12 @@ WILDCARD = "*"
 class LiveDeployment:
     config: Deployment
     backend: Backend
+    capabilities: Capabilities = field(init=False)
+    buckets: list[Bucket] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.capabilities = effective(self.backend.capabilities, self.config.capabilities)
+        self.buckets = buckets_for(f"deployment:{self.config.name}", self.config.limits)
 
     @property
     def name(self) -> str:

@@ -1,22 +1,46 @@
-"""The gateway's live state, built once from Settings: deployments with their backends, and policy."""
+"""The gateway's live state, built once from Settings, and the policy applied to each request:
+route → who may use what → extra parameters → capabilities → content filter → rate limits."""
 
 from __future__ import annotations
 
+import math
 import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from starlette.datastructures import Headers
 
-from gateway.canonical import ChatRequest
+from gateway.canonical import ChatRequest, Event, Usage
 from gateway.config import Settings
+from gateway.policy import capabilities
+from gateway.policy.auth import Caller, KeyStore
+from gateway.policy.content_filter import Filter, prompt_text
 from gateway.policy.extra_params import HEADER as EXTRA_PARAMS_HEADER
 from gateway.policy.extra_params import apply_extra_params, resolve_policy
+from gateway.policy.limits import Bucket, buckets_for, create_limiter, rate_headers, refused
 from gateway.router import LiveDeployment, Router
 
 if TYPE_CHECKING:
     from gateway.dialects.base import Dialect
 
 DEPLOYMENT_HEADER = "azureml-model-deployment"
+MESSAGE_OVERHEAD_TOKENS = 3
+
+
+def estimate_prompt_tokens(messages: list[dict]) -> int:
+    """About four characters a token, plus a few per message: cheap, and never zero."""
+    return math.ceil(len(prompt_text(messages)) / 4) + MESSAGE_OVERHEAD_TOKENS * len(messages)
+
+
+@dataclass(slots=True)
+class Admission:
+    """A request the policy let through: where it goes and what it is charged to."""
+
+    deployment: LiveDeployment
+    caller: Caller
+    buckets: list[Bucket] = field(default_factory=list)
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 class Runtime:
@@ -24,14 +48,41 @@ class Runtime:
         self.settings = settings
         self.started = int(time.time())
         self.router = Router(settings.deployments)
+        self.keys = KeyStore(settings.keys)
+        self.limiter = create_limiter(settings.rate_limits)
+        self.content_filter = Filter(settings.content_filter)
+        self.key_limits = {k.name: buckets_for(f"key:{k.name}", k.limits) for k in settings.keys}
 
-    def admit(self, dialect: Dialect, request: ChatRequest, headers: Headers) -> LiveDeployment:
-        """Route the request and apply policy; raise the GatewayError that refuses it."""
+    async def admit(
+        self, dialect: Dialect, request: ChatRequest, headers: Headers, caller: Caller
+    ) -> Admission:
+        """Apply policy; raise the GatewayError that refuses the request."""
         deployment = self.router.route(request.model, headers.get(DEPLOYMENT_HEADER))
+        if not caller.may_use(deployment.name):
+            raise dialect.forbidden_deployment(deployment.name)
         policy = resolve_policy(headers.get(EXTRA_PARAMS_HEADER), deployment.config.extra_parameters)
         apply_extra_params(request, policy)
         request.deployment = deployment.name
-        return deployment
+        prompt_tokens = estimate_prompt_tokens(request.messages)
+        capabilities.check(request, deployment.capabilities, prompt_tokens)
+        self.content_filter.check_prompt(request.messages)
+        admission = Admission(deployment, caller)
+        admission.buckets = [*self.key_limits.get(caller.name, []), *deployment.buckets]
+        if admission.buckets:
+            verdict = await self.limiter.take(admission.buckets, prompt_tokens)
+            if not verdict.allowed:
+                raise refused(verdict)
+            admission.headers = rate_headers(verdict.states)
+        return admission
+
+    async def generate(self, admission: Admission, request: ChatRequest) -> AsyncIterator[Event]:
+        """The backend's events, screened by the output filter; completion tokens are charged."""
+        events = admission.deployment.backend.generate(request)
+        async for event in self.content_filter.screen(events):
+            if isinstance(event, Usage) and admission.buckets:
+                await self.limiter.charge(admission.buckets, event.completion_tokens)
+            yield event
 
     async def aclose(self) -> None:
         await self.router.aclose()
+        await self.limiter.aclose()

@@ -7,6 +7,7 @@ pieces (detokenization, stop strings, options, the fallback template) run in pro
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import math
 import subprocess
@@ -234,6 +235,7 @@ def test_concurrent_requests_both_complete_as_they_would_alone(client: openai.Op
         ({"response_format": {"type": "json_object"}}, "response_format"),
         ({"logit_bias": {"999999": 5}}, "logit_bias"),
     ],
+    ids=["tools", "json_object", "unknown-token-id"],
 )
 def test_what_the_model_cannot_do_is_a_422(client: openai.OpenAI, params: dict, param: str):
     with pytest.raises(openai.UnprocessableEntityError) as caught:
@@ -243,7 +245,7 @@ def test_what_the_model_cannot_do_is_a_422(client: openai.OpenAI, params: dict, 
 
 def test_a_request_beyond_the_context_is_a_400(client: openai.OpenAI):
     with pytest.raises(openai.BadRequestError) as caught:
-        complete(client, max_tokens=600)  # the tiny model's context is 512 tokens
+        complete(client, max_tokens=510)  # the tiny model's context is 512 tokens, with the prompt
     assert caught.value.body["code"] == "context_length_exceeded"
 
 
@@ -259,6 +261,11 @@ def sampling(*stop: str, include_stop: bool = False) -> Sampling:
     )  # fmt: skip
 
 
+@functools.cache
+def shared_tokenizer():
+    return build_tokenizer()
+
+
 TEXT = "The café serves crème brûlée 🙂 and naïve über tea."
 
 
@@ -271,11 +278,12 @@ TEXT = "The café serves crème brûlée 🙂 and naïve über tea."
         (("🙂 a", "serves c"), False, "The café ", True),
         (("brûlée 🙂 x",), False, TEXT, False),  # its start is held, then released
     ],
+    ids=["no-stop", "stop", "include-stop", "earliest-of-two", "near-miss"],
 )
 def test_text_assembler_emits_clean_text_and_cuts_at_stop_strings(
     stop: tuple[str, ...], include_stop: bool, expected: str, stopped: bool
 ):
-    tokenizer = build_tokenizer()
+    tokenizer = shared_tokenizer()
     ids = tokenizer(TEXT, add_special_tokens=False)["input_ids"]
     assert len(ids) < len(TEXT.encode())  # BPE merged bytes, and some tokens split characters
     assembler = TextAssembler(

@@ -50,9 +50,7 @@ def test_lmi_at_the_root_like_a_sagemaker_container(tmp_path, log_dir):
     config.write_text("mounts:\n  lmi: /\n  openai: /openai\n")
     with running_gateway(log_dir, config) as url:
         assert httpx.get(f"{url}/ping").json() == {"status": "Healthy"}
-        response = httpx.post(
-            f"{url}/invocations", json={"messages": [{"role": "user", "content": "hi"}]}
-        )
+        response = httpx.post(f"{url}/invocations", json={"messages": [{"role": "user", "content": "hi"}]})
         assert response.json()["choices"][0]["finish_reason"] == "eos_token"
         assert httpx.get(f"{url}/openai/models").json()["object"] == "list"
         assert httpx.get(f"{url}/v1/models").status_code == 404

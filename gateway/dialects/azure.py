@@ -13,7 +13,7 @@ from starlette.datastructures import Headers
 from starlette.responses import Response
 
 from gateway.dialects.base import JSON, Dialect
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, NotFound
 
 SHORT_DESCRIPTIONS = {
     400: "Bad request",
@@ -58,6 +58,13 @@ class Azure(Dialect):
             "model_provider_name": deployment.config.provider,
         }
         return Response(orjson.dumps(body), media_type=JSON)
+
+    def forbidden_deployment(self, deployment: str) -> NotFound:
+        return NotFound(
+            f"Deployment '{deployment}' not found.",
+            param="azureml-model-deployment",
+            code="DeploymentNotFound",
+        )
 
     def error_body(self, error: GatewayError, request_id: str) -> dict[str, Any]:
         status = error.status

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import orjson
+from connexion.context import context as request_context
 from connexion.context import scope as request_scope
 from starlette.datastructures import Headers
 from starlette.responses import Response, StreamingResponse
@@ -27,8 +28,9 @@ from gateway.canonical import (
     Usage,
     gather,
 )
-from gateway.errors import GatewayError, InternalError, UnprocessableContent
+from gateway.errors import Forbidden, GatewayError, InternalError, UnprocessableContent
 from gateway.framing import SSE, Framing
+from gateway.policy.auth import Caller
 from gateway.validation import BODY_SCOPE_KEY
 
 if TYPE_CHECKING:
@@ -322,14 +324,24 @@ class Dialect:
 
     # ----- the handler flow ------------------------------------------------------------
 
+    def forbidden_deployment(self, deployment: str) -> GatewayError:
+        """What a key gets for a deployment it may not use (dialects differ: 403 or 404)."""
+        return Forbidden(
+            f"This key may not use the deployment '{deployment}'.",
+            param="model",
+            code="DeploymentNotAllowed",
+        )
+
     async def chat(self) -> Response:
         """Read → policy → route → generate → render, for the current request."""
         scope = request_scope._get_current_object()
         headers = Headers(scope=scope)
         request = self.read_request(scope[BODY_SCOPE_KEY], headers)
         self.check_request(request)
-        deployment = self.runtime.admit(self, request, headers)
-        events = deployment.backend.generate(request)
+        caller = request_context.get("token_info", {}).get("caller") or Caller(None)
+        admission = await self.runtime.admit(self, request, headers, caller)
+        deployment = admission.deployment
+        events = self.runtime.generate(admission, request)
         ctx = ResponseContext(
             id=self.id_prefix + uuid.uuid4().hex,
             created=int(time.time()),
@@ -338,11 +350,16 @@ class Dialect:
         )
         if not request.stream:
             completion = await gather(events, request.n)
-            return Response(orjson.dumps(self.completion_body(ctx, completion)), media_type=JSON)
+            return Response(
+                orjson.dumps(self.completion_body(ctx, completion)),
+                media_type=JSON,
+                headers=admission.headers,
+            )
         first = await anext(events, None)  # errors before the first byte are still HTTP errors
         return StreamingResponse(
             self.stream(ctx, first, events, scope.get(REQUEST_ID_SCOPE_KEY, "")),
             media_type=self.framing.media_type,
+            headers=admission.headers,
         )
 
     async def stream(

@@ -20,6 +20,13 @@ class OpenAI(Dialect):
     async def create_chat_completion(self) -> Response:
         return await self.chat()
 
+    def forbidden_deployment(self, deployment: str) -> NotFound:
+        return NotFound(
+            f"The model '{deployment}' does not exist or you do not have access to it.",
+            param="model",
+            code="model_not_found",
+        )
+
     def model_body(self, model_id: str) -> dict[str, Any]:
         return {
             "id": model_id,

@@ -1,32 +1,88 @@
-"""Authentication hooks named by the specs' security schemes (x-bearerInfoFunc / x-apikeyInfoFunc).
+"""Who is calling: API keys, stored as SHA-256 hashes and compared in constant time.
 
-With no keys configured the gateway is open: `open_access_security_map` replaces
-Connexion's handlers so that requests without credentials are admitted.
+The specs' security schemes name `bearer_info` / `api_key_info` (x-bearerInfoFunc,
+x-apikeyInfoFunc); Connexion calls them with the presented credential. With no keys
+configured the gateway is open: `open_access_security_map` makes Connexion admit requests
+that carry no credentials at all.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
 from typing import Any
 
 from connexion.security import AbstractSecurityHandler
 
-ANONYMOUS = {"sub": "anonymous"}
+from gateway.config import Key
+
+KEY_STORE_SCOPE_KEY = "chatgate.keys"
+KEY_PREFIX = "cg-"
+ANONYMOUS = {"sub": "anonymous", "key": None}
+
+
+def digest(key: str) -> bytes:
+    return hashlib.sha256(key.encode()).digest()
+
+
+def new_key() -> tuple[str, str]:
+    """A fresh key and its hex SHA-256 (the only form that goes into config)."""
+    key = KEY_PREFIX + secrets.token_urlsafe(32)
+    return key, digest(key).hex()
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    key: Key | None
+
+    @property
+    def name(self) -> str:
+        return self.key.name if self.key else "anonymous"
+
+    def may_use(self, deployment: str) -> bool:
+        return self.key is None or "*" in self.key.deployments or deployment in self.key.deployments
+
+
+class KeyStore:
+    def __init__(self, keys: list[Key]) -> None:
+        self.keys = [(bytes.fromhex(k.sha256), k) for k in keys]
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.keys)
+
+    def find(self, presented: str) -> Key | None:
+        """The key whose hash matches; every stored hash is compared, in constant time."""
+        presented_digest = digest(presented)
+        found = None
+        for stored_digest, key in self.keys:
+            if hmac.compare_digest(stored_digest, presented_digest):
+                found = key
+        return found
+
+
+def caller_info(credential: str, request: Any) -> dict[str, Any] | None:
+    store: KeyStore = request.scope[KEY_STORE_SCOPE_KEY]
+    key = store.find(credential)
+    return None if key is None else {"sub": key.name, "caller": Caller(key)}
 
 
 def bearer_info(token: str, request: Any = None) -> dict[str, Any] | None:
-    return ANONYMOUS
+    return caller_info(token, request)
 
 
-def api_key_info(key: str, required_scopes: Any = None, request: Any = None) -> dict[str, Any]:
-    return ANONYMOUS
+def api_key_info(key: str, required_scopes: Any = None, request: Any = None) -> dict[str, Any] | None:
+    return caller_info(key, request)
 
 
 class OpenAccess(AbstractSecurityHandler):
-    """Admits every request, with or without credentials."""
+    """Admits every request, with or without credentials (no keys are configured)."""
 
     def get_fn(self, security_scheme: dict[str, Any], required_scopes: Any) -> Any:
         async def admit(request: Any) -> dict[str, Any]:
-            return ANONYMOUS
+            return {"sub": "anonymous", "caller": Caller(None)}
 
         return admit
 

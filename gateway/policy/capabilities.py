@@ -1,0 +1,129 @@
+"""What a deployment can do, and the 404 / 422 answers for requests that ask for more.
+
+The backend declares its table (backends.base.Capabilities); the deployment's config may
+narrow it. The checks read that one table, nothing else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from backends.base import Capabilities
+from gateway.canonical import ChatRequest
+from gateway.config import DeploymentCapabilities
+from gateway.errors import BadRequest, NotFound, UnprocessableContent
+
+MODALITY_MESSAGE = (
+    "Modality not supported by the model. Check the documentation of the model to see which "
+    "routes are available."
+)
+PART_MODALITIES = {"image_url": "image", "image": "image", "input_audio": "audio", "audio": "audio"}
+# Dialect options that change what is generated (and so need the backend's support);
+# informational fields (metadata, store, service_tier, user) need none.
+GENERATION_OPTIONS = frozenset(
+    {
+        "top_k", "repetition_penalty", "typical_p", "min_p", "ignore_eos", "best_of",
+        "length_penalty", "include_stop_str_in_output", "num_assistant_tokens",
+        "assistant_confidence_threshold", "max_ngram_size", "modalities", "audio", "prediction",
+        "reasoning_effort", "parallel_tool_calls",
+    }
+)  # fmt: skip
+
+
+def effective(backend: Capabilities, narrowed: DeploymentCapabilities) -> Capabilities:
+    """The backend's capabilities as the deployment's config narrows them."""
+    parameters = {k: v for k, v in backend.parameters.items() if k not in narrowed.unsupported_parameters}
+    modalities = backend.modalities
+    if narrowed.modalities is not None:
+        modalities = modalities & frozenset(narrowed.modalities)
+    return replace(
+        backend,
+        parameters=parameters,
+        modalities=modalities,
+        max_n=min(backend.max_n, narrowed.max_n or backend.max_n),
+        context_length=min(backend.context_length, narrowed.context_length or backend.context_length),
+    )
+
+
+def modalities_of(messages: list[dict[str, Any]]) -> set[str]:
+    found = {"text"}
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, list):
+            found |= {
+                PART_MODALITIES[p.get("type")]
+                for p in content
+                if isinstance(p, dict) and p.get("type") in PART_MODALITIES
+            }
+    return found
+
+
+def requested_parameters(request: ChatRequest) -> dict[str, Any]:
+    """The canonical parameters this request sets away from their defaults."""
+    asked: dict[str, Any] = {
+        "max_tokens": request.max_tokens,
+        "seed": request.seed,
+        "temperature": request.temperature,
+        "top_p": request.top_p,
+        "frequency_penalty": request.frequency_penalty,
+        "presence_penalty": request.presence_penalty,
+        "logit_bias": request.logit_bias or None,
+        "stop": request.stop or None,
+        "n": request.n if request.n != 1 else None,
+        "logprobs": True if request.logprobs else None,
+        "top_logprobs": request.top_logprobs or None,
+        "tools": request.tools or None,
+        "tool_choice": request.tool_choice if request.tools else None,
+        "response_format": request.response_format
+        if (request.response_format or {}).get("type", "text") != "text"
+        else None,
+    }
+    asked.update({k: v for k, v in request.options.items() if k in GENERATION_OPTIONS})
+    return {k: v for k, v in asked.items() if v is not None}
+
+
+def unsupported(name: str, value: Any, why: str) -> UnprocessableContent:
+    return UnprocessableContent(
+        f"{why} (parameter '{name}').",
+        param=name,
+        loc=["body", name],
+        value=value,
+        code="UnsupportedParameter",
+    )
+
+
+def check(request: ChatRequest, capabilities: Capabilities, prompt_tokens: int) -> None:
+    """Refuse what the deployment cannot do: 404 for a modality, 422 for a parameter."""
+    missing = modalities_of(request.messages) - capabilities.modalities
+    if missing:
+        raise NotFound(MODALITY_MESSAGE, param="messages", code="ModalityNotSupported")
+    for name, value in requested_parameters(request).items():
+        param = capabilities.parameters.get(name)
+        if param is None or not param.supported:
+            raise unsupported(name, value, "The model does not support this parameter")
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            if param.minimum is not None and value < param.minimum:
+                raise unsupported(name, value, f"The model accepts values from {param.minimum}")
+            if param.maximum is not None and value > param.maximum:
+                raise unsupported(name, value, f"The model accepts values up to {param.maximum}")
+    if request.n > capabilities.max_n:
+        raise unsupported("n", request.n, f"The model returns at most {capabilities.max_n} choices")
+    if request.top_logprobs > capabilities.max_top_logprobs:
+        raise unsupported(
+            "top_logprobs",
+            request.top_logprobs,
+            f"The model returns at most {capabilities.max_top_logprobs} top logprobs",
+        )
+    kind = (request.response_format or {}).get("type", "text")
+    if kind not in capabilities.response_formats:
+        raise unsupported("response_format", request.response_format, f"'{kind}' is not supported")
+    wanted = prompt_tokens + (request.max_tokens or 0)
+    if wanted > capabilities.context_length:
+        raise BadRequest(
+            f"This model's context is {capabilities.context_length} tokens; the request needs "
+            f"about {wanted} ({prompt_tokens} in the prompt, {request.max_tokens} to generate).",
+            param="messages",
+            loc=["body", "messages"],
+            code="context_length_exceeded",
+        )

@@ -1,0 +1,73 @@
+"""The content filter: configured words and regular expressions, on prompts and on completions.
+
+A prompt that trips it is refused (ContentFiltered, the Azure ContentFilterError); a
+completion that trips it ends with finish_reason `content_filter`, cut before the match.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+
+from gateway.canonical import Event, Finish, TextDelta, ToolCallDelta
+from gateway.config import ContentFilter, FilterRules
+from gateway.errors import ContentFiltered
+
+
+def compile_rules(rules: FilterRules) -> re.Pattern[str] | None:
+    alternatives = [rf"\b{re.escape(word)}\b" for word in rules.words] + list(rules.patterns)
+    if not alternatives:
+        return None
+    return re.compile("|".join(f"(?:{a})" for a in alternatives), re.IGNORECASE)
+
+
+def prompt_text(messages: list[dict]) -> str:
+    texts = []
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, str):
+            texts.append(content)
+        elif isinstance(content, list):
+            texts += [p.get("text", "") for p in content if isinstance(p, dict)]
+    return "\n".join(texts)
+
+
+class Filter:
+    def __init__(self, settings: ContentFilter) -> None:
+        self.input = compile_rules(settings.input)
+        self.output = compile_rules(settings.output)
+
+    def check_prompt(self, messages: list[dict]) -> None:
+        if self.input is not None and self.input.search(prompt_text(messages)):
+            raise ContentFiltered(
+                "The prompt was refused by the content filter; change it and try again.",
+                param="messages",
+                loc=["body", "messages"],
+                code="content_filter",
+            )
+
+    async def screen(self, events: AsyncIterator[Event]) -> AsyncIterator[Event]:
+        """Pass events through, ending a choice at the first filtered text."""
+        if self.output is None:
+            async for event in events:
+                yield event
+            return
+        seen: dict[int, str] = {}
+        stopped: set[int] = set()
+        async for event in events:
+            index = getattr(event, "index", None)
+            if index in stopped and isinstance(event, TextDelta | ToolCallDelta | Finish):
+                continue
+            if isinstance(event, TextDelta):
+                before = seen.get(index, "")
+                text = before + event.text
+                match = self.output.search(text, max(0, len(before) - 200))
+                if match:
+                    stopped.add(index)
+                    keep = max(0, match.start() - len(before))
+                    if keep:
+                        yield TextDelta(index, event.text[:keep], None)
+                    yield Finish(index, "content_filter")
+                    continue
+                seen[index] = text
+            yield event

@@ -1,0 +1,224 @@
+"""Rate limits: token buckets for requests/min and tokens/min, per key and per deployment.
+
+Two stores behind one interface: `MemoryLimiter` (one process; the event loop makes each
+call atomic) and `RedisLimiter` (many processes or hosts; one Lua script checks and takes
+every bucket of a request atomically, on Redis's clock). A bucket holds `capacity` units and
+refills continuously at capacity/60 per second, so exactly `capacity` requests fit in a burst.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+from gateway.config import Limits, RateLimiting
+from gateway.errors import ServiceUnavailable, TooManyRequests
+
+log = logging.getLogger("chatgate.limits")
+WINDOW_SECONDS = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class Bucket:
+    name: str  # e.g. "key:team-a:requests"
+    kind: str  # "requests" | "tokens"
+    capacity: int
+
+
+@dataclass(frozen=True, slots=True)
+class BucketState:
+    bucket: Bucket
+    remaining: float
+    reset_seconds: float  # until the bucket is full again
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    allowed: bool
+    retry_after: float
+    states: list[BucketState]
+
+
+def buckets_for(subject: str, limits: Limits) -> list[Bucket]:
+    found = []
+    if limits.requests_per_minute:
+        found.append(Bucket(f"{subject}:requests", "requests", limits.requests_per_minute))
+    if limits.tokens_per_minute:
+        found.append(Bucket(f"{subject}:tokens", "tokens", limits.tokens_per_minute))
+    return found
+
+
+def cost_of(bucket: Bucket, tokens: int) -> int:
+    return 1 if bucket.kind == "requests" else tokens
+
+
+def rate_headers(states: list[BucketState]) -> dict[str, str]:
+    """OpenAI-style x-ratelimit-* headers from the tightest bucket of each kind."""
+    headers: dict[str, str] = {}
+    for kind in ("requests", "tokens"):
+        of_kind = [s for s in states if s.bucket.kind == kind]
+        if not of_kind:
+            continue
+        tightest = min(of_kind, key=lambda s: s.remaining)
+        headers[f"x-ratelimit-limit-{kind}"] = str(tightest.bucket.capacity)
+        headers[f"x-ratelimit-remaining-{kind}"] = str(max(0, math.floor(tightest.remaining)))
+        headers[f"x-ratelimit-reset-{kind}"] = f"{math.ceil(tightest.reset_seconds)}s"
+    return headers
+
+
+def refused(verdict: Verdict) -> TooManyRequests:
+    retry_after = max(1, math.ceil(verdict.retry_after))
+    kinds = sorted({s.bucket.kind for s in verdict.states if s.remaining < 1} or {"requests"})
+    return TooManyRequests(
+        f"Rate limit reached for {' and '.join(kinds)}; retry after {retry_after} seconds.",
+        code="RateLimitExceeded",
+        headers={"Retry-After": str(retry_after), **rate_headers(verdict.states)},
+    )
+
+
+class Limiter(Protocol):
+    async def take(self, buckets: list[Bucket], tokens: int) -> Verdict:
+        """Take one request and `tokens` from every bucket, or nothing if any lacks room."""
+        ...
+
+    async def charge(self, buckets: list[Bucket], tokens: int) -> None:
+        """Take `tokens` more from the token buckets, room or not (completion tokens)."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+def refill(level: float, stamp: float, now: float, capacity: int) -> float:
+    return min(capacity, level + max(0.0, now - stamp) * capacity / WINDOW_SECONDS)
+
+
+class MemoryLimiter:
+    def __init__(self) -> None:
+        self.levels: dict[str, tuple[float, float]] = {}
+
+    def level(self, bucket: Bucket, now: float) -> float:
+        level, stamp = self.levels.get(bucket.name, (bucket.capacity, now))
+        return refill(level, stamp, now, bucket.capacity)
+
+    async def take(self, buckets: list[Bucket], tokens: int) -> Verdict:
+        now = time.monotonic()
+        levels = [self.level(b, now) for b in buckets]
+        costs = [cost_of(b, tokens) for b in buckets]
+        allowed = all(level >= cost for level, cost in zip(levels, costs, strict=True))
+        if allowed:
+            levels = [level - cost for level, cost in zip(levels, costs, strict=True)]
+            for bucket, level in zip(buckets, levels, strict=True):
+                self.levels[bucket.name] = (level, now)
+        return verdict(buckets, levels, costs, allowed)
+
+    async def charge(self, buckets: list[Bucket], tokens: int) -> None:
+        now = time.monotonic()
+        for bucket in buckets:
+            if bucket.kind == "tokens":
+                self.levels[bucket.name] = (self.level(bucket, now) - tokens, now)
+
+    async def aclose(self) -> None:
+        return None
+
+
+def verdict(buckets: list[Bucket], levels: list[float], costs: list[int], allowed: bool) -> Verdict:
+    states = [
+        BucketState(b, level, (b.capacity - level) * WINDOW_SECONDS / b.capacity)
+        for b, level in zip(buckets, levels, strict=True)
+    ]
+    retry_after = 0.0
+    if not allowed:
+        retry_after = max(
+            (min(cost, b.capacity) - level) * WINDOW_SECONDS / b.capacity
+            for b, level, cost in zip(buckets, levels, costs, strict=True)
+        )
+    return Verdict(allowed, retry_after, states)
+
+
+# KEYS: bucket names. ARGV: mode ("take" | "charge"), then per bucket: capacity, cost.
+# Returns: allowed (1/0), then each bucket's level after the call (as a string).
+TAKE_SCRIPT = """
+local now_parts = redis.call('TIME')
+local now = tonumber(now_parts[1]) + tonumber(now_parts[2]) / 1000000
+local mode = ARGV[1]
+local levels = {}
+local allowed = 1
+for i, name in ipairs(KEYS) do
+  local capacity = tonumber(ARGV[2 * i])
+  local cost = tonumber(ARGV[2 * i + 1])
+  local state = redis.call('HMGET', name, 'level', 'stamp')
+  local level = tonumber(state[1]) or capacity
+  local stamp = tonumber(state[2]) or now
+  level = math.min(capacity, level + math.max(0, now - stamp) * capacity / 60)
+  levels[i] = level
+  if mode == 'take' and level < cost then allowed = 0 end
+end
+local result = {allowed}
+for i, name in ipairs(KEYS) do
+  local level = levels[i]
+  if allowed == 1 then
+    level = level - tonumber(ARGV[2 * i + 1])
+    redis.call('HSET', name, 'level', tostring(level), 'stamp', tostring(now))
+    redis.call('EXPIRE', name, 120)
+  end
+  result[i + 1] = tostring(level)
+end
+return result
+"""
+
+
+class RedisLimiter:
+    def __init__(self, url: str, prefix: str, fail_open: bool) -> None:
+        import redis.asyncio as redis
+
+        self.client = redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=1)
+        self.script = self.client.register_script(TAKE_SCRIPT)
+        self.prefix = prefix
+        self.fail_open = fail_open
+
+    async def run(self, mode: str, buckets: list[Bucket], costs: list[int]) -> list[bytes] | None:
+        import redis.exceptions
+
+        argv: list[str | int] = [mode]
+        for bucket, cost in zip(buckets, costs, strict=True):
+            argv += [bucket.capacity, cost]
+        try:
+            return await self.script(keys=[self.prefix + b.name for b in buckets], args=argv)
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as error:
+            if self.fail_open:
+                log.warning("rate-limit store unreachable, admitting (fail-open): %s", error)
+                return None
+            log.error("rate-limit store unreachable, refusing (fail-closed): %s", error)
+            raise ServiceUnavailable(
+                "The rate-limit store is unreachable; try again shortly.",
+                code="RateLimitStoreUnavailable",
+                headers={"Retry-After": "1"},
+            ) from None
+
+    async def take(self, buckets: list[Bucket], tokens: int) -> Verdict:
+        costs = [cost_of(b, tokens) for b in buckets]
+        result = await self.run("take", buckets, costs)
+        if result is None:
+            return Verdict(True, 0.0, [])
+        allowed = int(result[0]) == 1
+        levels = [float(x) for x in result[1:]]
+        if allowed:
+            return verdict(buckets, levels, costs, True)
+        return verdict(buckets, levels, costs, False)
+
+    async def charge(self, buckets: list[Bucket], tokens: int) -> None:
+        token_buckets = [b for b in buckets if b.kind == "tokens"]
+        if token_buckets and tokens:
+            await self.run("charge", token_buckets, [tokens] * len(token_buckets))
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+def create_limiter(settings: RateLimiting) -> Limiter:
+    if settings.store == "redis" and settings.redis is not None:
+        return RedisLimiter(settings.redis.url, settings.redis.prefix, settings.redis.on_error == "fail-open")
+    return MemoryLimiter()
