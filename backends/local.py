@@ -98,6 +98,12 @@ class LocalOptions(BaseModel):
         default=None, ge=1, description="Output limit when a request sets none (default: the context)."
     )
     trust_remote_code: bool = False
+    torch_threads: int | None = Field(
+        default=None,
+        ge=1,
+        description="torch's intra-op threads, process-wide (default: torch's, one per core). "
+        "1 holds up best on a CPU shared with other work.",
+    )
 
 
 def parameter_table(context_length: int) -> dict[str, Param]:
@@ -351,6 +357,8 @@ class LocalBackend:
             raise ValueError(f"local backend '{model}' options: {describe(error)}") from None
         self.model_name = model
         self.device = self.pick_device(self.options.device)
+        if self.options.torch_threads:
+            torch.set_num_threads(self.options.torch_threads)
         path = Path(self.options.path)
         trust = self.options.trust_remote_code
         try:
@@ -531,6 +539,8 @@ class LocalBackend:
         cancelled: threading.Event,
     ) -> None:
         prompt = self.prompt_ids(messages)
+        if not prompt:
+            raise BadRequest("The chat template made an empty prompt of these messages.", param="messages")
         budget = self.output_budget(len(prompt), sampling)
         n, device = sampling.n, self.device
         generator = torch.Generator(device=device)
@@ -548,22 +558,26 @@ class LocalBackend:
                     return
                 scores = processor.process(logits)
                 tokens = processor.choose(scores, generator)
-                logprob_rows = self.logprob_rows(scores, tokens, sampling) if sampling.logprobs else None
+                logprobs = self.step_logprobs(scores, tokens, sampling) if sampling.logprobs else None
                 last_step = step == budget - 1
                 for index, choice in enumerate(choices):
                     if not choice.finished:
-                        entries = logprob_rows[index] if logprob_rows else None
-                        self.advance(index, choice, tokens[index], entries, last_step, sampling, send)
+                        entry = logprobs[index] if logprobs else None
+                        self.advance(index, choice, tokens[index], entry, last_step, sampling, send)
                 if all(choice.finished for choice in choices):
                     break
                 processor.count(tokens)
                 logits, past = self.forward(torch.tensor(tokens, device=device)[:, None], past)
         send(Usage(len(prompt), sum(choice.tokens for choice in choices)))
 
-    def logprob_rows(self, scores: torch.Tensor, tokens: list[int], sampling: Sampling) -> list[TokenLogprob]:
+    def step_logprobs(
+        self, scores: torch.Tensor, tokens: list[int], sampling: Sampling
+    ) -> list[TokenLogprob]:
+        """One logprob entry per choice for this step's tokens, from the processed distribution."""
         logprobs = torch.log_softmax(scores, dim=-1)
-        chosen = logprobs[torch.arange(len(tokens)), torch.tensor(tokens, device=scores.device)].tolist()
-        rows = []
+        rows = torch.arange(len(tokens), device=scores.device)
+        chosen = logprobs[rows, torch.tensor(tokens, device=scores.device)].tolist()
+        entries = []
         if sampling.top_logprobs:
             values, ids = torch.topk(logprobs, sampling.top_logprobs, dim=-1)  # sorted, largest first
             tops = zip(values.tolist(), ids.tolist(), strict=True)
@@ -571,8 +585,8 @@ class LocalBackend:
             tops = (([], []) for _ in tokens)
         for token, logprob, (top_values, top_ids) in zip(tokens, chosen, tops, strict=True):
             top = [TopLogprob(self.token_text(i), v) for v, i in zip(top_values, top_ids, strict=True)]
-            rows.append(TokenLogprob(self.token_text(token), logprob, top))
-        return rows
+            entries.append(TokenLogprob(self.token_text(token), logprob, top))
+        return entries
 
     def advance(
         self,

@@ -152,7 +152,7 @@ def parameter_table(options: TGIOptions) -> dict[str, Param]:
         "top_p": Param("top_p", 0, 1, "TGI needs 0 < top_p < 1; 1 means off and is not sent"),
         "frequency_penalty": Param("frequency_penalty", -2, 2),
         "presence_penalty": Param(
-            "presence_penalty", 0, 0,
+            "(not sent)", 0, 0,
             "TGI turns p into repetition_penalty p + 2 (TGI issue #1796): only 0 is accepted, not sent",
         ),
         "logit_bias": Param(None, note="TGI does not use logit_bias"),
@@ -481,6 +481,10 @@ class StopTrimmer:
                 return start
         return len(text)
 
+    def ends_with_stop(self) -> bool:
+        text = "".join(t for t, _ in self.held)
+        return any(text.endswith(s) for s in self.stops)
+
     def finish(self, cut_stop: bool) -> list[Piece]:
         held, self.held = self.held, []
         text = "".join(t for t, _ in held)
@@ -557,6 +561,8 @@ class ChoiceEvents:
 
     def finish(self, reason: FinishReason) -> list[Event]:
         self.finished = True
+        if reason == "stop" and self.trimmer.ends_with_stop():
+            reason = "stop_sequence"  # TGI 2.x's Messages API reported a stop string as "stop"
         events: list[Event] = [
             TextDelta(self.index, t, lp)
             for t, lp in self.trimmer.finish(cut_stop=reason == "stop_sequence")

@@ -4,7 +4,7 @@ Builds the same 2-layer Llama as the tests (tests/tiny_model.py) in a temporary 
 times LocalBackend.generate (the whole path: worker thread, sampling, detokenization, events)
 and, for reference, transformers' own `generate` on the same model.
 
-    python bench/local_tokens_per_second.py [--tokens 256] [--runs 5]
+    python bench/local_tokens_per_second.py [--tokens 256] [--runs 5] [--threads N]
 """
 
 from __future__ import annotations
@@ -61,7 +61,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=256, help="completion tokens per request")
     parser.add_argument("--runs", type=int, default=5, help="timed requests per case")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as directory:
         model_dir = save_tiny_model(Path(directory) / "tiny")
         backend = LocalBackend(model="tiny", path=str(model_dir), device="cpu")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 from pathlib import Path
 from typing import Annotated
@@ -38,8 +39,11 @@ def serve(
         raise typer.Exit(2) from None
     if config is not None:
         os.environ[CONFIG_ENV] = str(config.resolve())
+    log_config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
+    log_config["loggers"][""] = {"handlers": ["default"], "level": log_level.upper()}
     uvicorn.run(
         "gateway.asgi:create",
+        log_config=log_config,
         factory=True,
         host=host or settings.server.host,
         port=settings.server.port if port is None else port,

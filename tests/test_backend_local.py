@@ -47,7 +47,7 @@ def local_url(model_dir: Path, log_dir: Path, tmp_path_factory: pytest.TempPathF
         "name": "tiny",
         "backend": "local",
         "extra_parameters": "pass-through",
-        "options": {"path": str(model_dir), "device": "cpu"},
+        "options": {"path": str(model_dir), "device": "cpu", "torch_threads": 1},
     }
     config.write_text(yaml.safe_dump({"deployments": [deployment]}))
     with running_gateway(log_dir, config) as url:

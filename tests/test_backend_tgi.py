@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -91,7 +92,7 @@ def gateway(tgi: TGIStandIn, tmp_path_factory: pytest.TempPathFactory) -> Iterat
                 "backend": "tgi",
                 "models": ["*"],
                 "extra_parameters": "pass-through",
-                "options": {"url": tgi.url, "timeout": 10},
+                "options": {"url": tgi.url, "timeout": 10, "modalities": ["text", "image"]},
             },
             {
                 "name": "tiny-generate",
@@ -124,6 +125,7 @@ def checked(request: pytest.FixtureRequest) -> Iterator[None]:
         return
     stand_in: TGIStandIn = request.getfixturevalue("tgi")
     stand_in.take_requests()
+    stand_in.abandoned.clear()
     yield
     assert stand_in.failures == [], "\n".join(stand_in.failures)
 
@@ -344,6 +346,28 @@ def test_openai_extra_top_k_is_served_by_the_generate_api(tgi, openai_client):
     assert body["inputs"] == chat_template(HELLO).removeprefix("<s>")
     assert body["parameters"] == {"details": True, "do_sample": False, "max_new_tokens": 3, "top_k": 5}
     assert sent(tgi, "/v1/chat/completions") == []
+
+
+def test_openai_json_schema_on_the_generate_api_is_a_grammar(tgi, openai_client):
+    response_format = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON_SCHEMA}}
+    completion = openai_client.chat.completions.create(
+        model="tiny", messages=HELLO, response_format=response_format, extra_body={"top_k": 2}
+    )
+    jsonschema.validate(json.loads(completion.choices[0].message.content), PERSON_SCHEMA)
+    [body] = sent(tgi, "/")
+    assert body["parameters"]["grammar"] == {"type": "json", "value": PERSON_SCHEMA}
+
+
+def test_openai_image_parts_reach_tgi_as_image_url_chunks(tgi, openai_client):
+    image = {"type": "image_url", "image_url": {"url": "https://example.com/cat.png", "detail": "low"}}
+    messages = [{"role": "user", "content": [{"type": "text", "text": "what is this?"}, image]}]
+    completion = openai_client.chat.completions.create(model="tiny", messages=messages)
+    assert completion.choices[0].message.content == "You said: what is this?"
+    [body] = sent(tgi, "/v1/chat/completions")
+    assert body["messages"][0]["content"] == [
+        {"type": "text", "text": "what is this?"},
+        {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}},
+    ]
 
 
 def test_openai_tools_with_a_generate_only_knob_are_refused(tgi, gateway):
@@ -585,6 +609,33 @@ def test_errors_before_and_during_a_stream(tgi, gateway, openai_client):
         list(openai_client.chat.completions.create(model="tiny", messages=late, stream=True))
 
 
+@pytest.mark.parametrize("deployment", ["tiny", "tiny-generate"])
+def test_a_stream_that_ends_without_a_finish_is_an_error_not_a_finish(tgi, openai_client, deployment):
+    messages = [{"role": "user", "content": "hello tgi:cut=2"}]
+    stream = openai_client.chat.completions.create(model=deployment, messages=messages, stream=True)
+    chunks = []
+    with pytest.raises(openai.APIError, match="before the generation finished"):
+        for chunk in stream:
+            chunks.append(chunk)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "You said"
+    assert all(c.choices[0].finish_reason is None for c in chunks if c.choices)
+
+
+@pytest.mark.parametrize("deployment", ["tiny", "tiny-generate"])
+def test_a_client_that_goes_away_closes_the_upstream_stream(tgi, gateway, deployment):
+    body = {"model": deployment, "messages": [{"role": "user", "content": "hi tgi:pace=0.2"}], "stream": True}
+    with httpx.stream("POST", gateway + PATHS["openai"], json=body, timeout=CLIENT_TIMEOUT) as response:
+        first = next(response.iter_lines())
+        assert first.startswith("data: ")
+    # the gateway notices the disconnect and closes its stream to TGI before the paced tokens end
+    for _ in range(100):
+        if tgi.abandoned:
+            break
+        time.sleep(0.05)
+    assert tgi.abandoned == ["/generate_stream" if deployment == "tiny-generate" else "/v1/chat/completions"]
+    tgi.abandoned.clear()
+
+
 def test_a_done_line_without_space_still_ends_the_stream(tgi, openai_client):
     messages = [{"role": "user", "content": "hi tgi:done=nospace"}]
     stream = openai_client.chat.completions.create(model="tiny", messages=messages, stream=True)
@@ -625,6 +676,17 @@ def test_stop_trimmer(stops, tokens, stopped, expected):
     assert [text for text, _ in released if text] == expected
 
 
+def test_a_stop_string_reported_as_stop_is_still_cut():
+    from backends.tgi import ChoiceEvents
+    from gateway.canonical import ChatRequest, Finish, TextDelta
+
+    events = ChoiceEvents(0, ChatRequest(model="m", messages=HELLO, stop=["\n\n"]))
+    out = [e for token in ("Hi", " you", "\n", "\n") for e in events.text(token, None)]
+    out += events.finish("stop")  # what TGI 2.x's Messages API said for any stop
+    assert [e.text for e in out if isinstance(e, TextDelta)] == ["Hi", " you"]
+    assert out[-1] == Finish(0, "stop_sequence")
+
+
 def test_stop_trimmer_releases_text_that_cannot_start_a_stop_at_once():
     trimmer = StopTrimmer(["STOP"])
     assert trimmer.push(("hello", None)) == [("hello", None)]
@@ -642,6 +704,20 @@ def test_stop_trimmer_releases_text_that_cannot_start_a_stop_at_once():
 )
 def test_split_tool_call(name, arguments, expected):
     assert split_tool_call(name, arguments) == expected
+
+
+def test_a_tool_call_that_tgi_finishes_with_stop_reports_tool_calls():
+    from backends.tgi import ChoiceEvents
+    from gateway.canonical import ChatRequest, Finish, ToolCallDelta
+
+    events = ChoiceEvents(0, ChatRequest(model="m", messages=HELLO))
+    events.tool_fragment("0", "get_weather", "{")
+    events.tool_fragment(None, None, '"city": "Lisbon"}')
+    call, finish = events.finish("stop")
+    assert isinstance(call, ToolCallDelta) and call.name == "get_weather"
+    assert json.loads(call.arguments) == {"city": "Lisbon"} and call.id.startswith("call_")
+    assert finish == Finish(0, "tool_calls")
+    assert events.end_of_stream() == []
 
 
 def test_bad_options_fail_at_start_naming_the_key():

@@ -3,8 +3,6 @@ type and body as the dialect's own document says."""
 
 from __future__ import annotations
 
-import schemathesis
-from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
@@ -13,10 +11,8 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from gateway.app import create_app
-from gateway.config import Mounts, Settings
-from gateway.conformance import for_schemathesis, register_json_lines
-from gateway.dialects import DIALECTS
-from gateway.spec import load_document
+from gateway.config import Settings
+from tests.schemathesis_setup import EXAMPLES, dialect_schema
 
 CHECKS = [
     not_a_server_error,
@@ -25,32 +21,13 @@ CHECKS = [
     response_schema_conformance,
 ]
 APP = create_app(Settings())
-MOUNTS = Mounts()
 
 
-SPEC_FILES = {dialect.name: dialect.spec_file for dialect in DIALECTS}
-register_json_lines()
-
-
-def dialect_schema(name: str):
-    mount = getattr(MOUNTS, name)
-    schema = schemathesis.openapi.from_dict(for_schemathesis(load_document(SPEC_FILES[name]), mount))
-    schema.app = APP
-    return schema
-
-
-openai = dialect_schema("openai")
-azure = dialect_schema("azure")
-aleph_alpha = dialect_schema("aleph_alpha")
-lmi = dialect_schema("lmi")
-ovms = dialect_schema("ovms")
-
-EXAMPLES = settings(
-    max_examples=50,
-    deadline=None,
-    suppress_health_check=list(HealthCheck),
-    derandomize=True,
-)
+openai = dialect_schema("openai", APP)
+azure = dialect_schema("azure", APP)
+aleph_alpha = dialect_schema("aleph_alpha", APP)
+lmi = dialect_schema("lmi", APP)
+ovms = dialect_schema("ovms", APP)
 
 
 def check(case) -> None:

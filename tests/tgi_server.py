@@ -16,7 +16,10 @@ a JSON value matching the schema. Directives in the last user message make it mi
     tgi:fail=422|424|429|503   answer that HTTP error (TGI's error body) instead of generating
     tgi:event=424@N            stream N tokens, then a generation-error event
     tgi:drop=N                 stream N tokens, then drop the connection
+    tgi:cut=N                  stream N tokens, then end the stream cleanly without a finish
+                               (what TGI 2.x's Messages API did when generation failed)
     tgi:sleep=S                wait S seconds before answering
+    tgi:pace=S                 wait S seconds before each streamed token
     tgi:done=nospace           end the Messages API stream with `data:[DONE]` (valid SSE, which
                                huggingface_hub 2.4 fails to parse: its issue #4536)
 """
@@ -51,7 +54,7 @@ VERSION = "3.3.6"
 BOS, EOS = "<s>", "</s>"
 SPECIAL_IDS = {BOS: 1, EOS: 2}
 TOKEN = re.compile(r"<s>|</s>|<\|\w+\|>|\s*\w+|\s*[^\w\s]|\s+")
-DIRECTIVE = re.compile(r"tgi:(fail|event|drop|sleep|done)=([\w.@]+)")
+DIRECTIVE = re.compile(r"tgi:(fail|event|drop|cut|sleep|pace|done)=([\w.@]+)")
 MAX_STOP_SEQUENCES = 4
 MAX_TOP_N_TOKENS = 5
 ERRORS = {
@@ -260,6 +263,7 @@ class TGIStandIn:
     spec: RefSpec = field(default_factory=RefSpec)
     requests: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
+    abandoned: list[str] = field(default_factory=list)
     url: str = ""
 
     def take_requests(self) -> list[tuple[str, dict[str, Any]]]:
@@ -291,12 +295,18 @@ class TGIStandIn:
 
     def sse(self, where: str, schema: str, events: AsyncIterator[dict[str, Any] | str]) -> Response:
         async def frames() -> AsyncIterator[bytes]:
-            async for event in events:
-                if isinstance(event, str):  # TGI >= 2.2 ends the Messages API stream with "data: [DONE]"
-                    yield f"data: {event}\n\n".encode() if event == "[DONE]" else event.encode()
-                    continue
-                self.check(f"{where} event", "ErrorResponse" if "error" in event else schema, event)
-                yield f"data:{json.dumps(event)}\n\n".encode()
+            finished = False
+            try:
+                async for event in events:
+                    if isinstance(event, str):  # TGI >= 2.2 ends the Messages API stream with "data: [DONE]"
+                        yield f"data: {event}\n\n".encode() if event == "[DONE]" else event.encode()
+                        continue
+                    self.check(f"{where} event", "ErrorResponse" if "error" in event else schema, event)
+                    yield f"data:{json.dumps(event)}\n\n".encode()
+                finished = True
+            finally:
+                if not finished:
+                    self.abandoned.append(where)  # the client went away (or a drop was asked for)
 
         return StreamingResponse(frames(), media_type="text/event-stream")
 
@@ -394,7 +404,8 @@ class TGIStandIn:
         for index, token in enumerate(generation.tokens, start=1):
             failure = await self.misbehave(index - 1, wanted)
             if failure is not None:
-                yield failure
+                if failure:
+                    yield failure
                 return
             event: dict[str, Any] = {"index": index, "token": token, "generated_text": None, "details": None}
             if generation.top_n_tokens:
@@ -470,9 +481,14 @@ class TGIStandIn:
         return None
 
     async def misbehave(self, position: int, wanted: dict[str, str]) -> dict[str, str] | None:
-        """Before the token at `position`: drop the connection, or return an error event, as asked."""
+        """Before the token at `position`: drop the connection, end the stream, or return an error
+        event, as asked (an empty dict means: end here)."""
+        if "pace" in wanted:
+            await asyncio.sleep(float(wanted["pace"]))
         if "drop" in wanted and position == int(wanted["drop"]):
             raise DroppedConnection("dropping the connection mid-stream, as asked")
+        if "cut" in wanted and position == int(wanted["cut"]):
+            return {}
         if "event" in wanted:
             status, _, after = wanted["event"].partition("@")
             if position == int(after or 0):
@@ -515,6 +531,8 @@ class TGIStandIn:
         last = len(generation.tokens) - 1
         for position, token in enumerate(generation.tokens):
             failure = await self.misbehave(position, wanted)
+            if failure == {}:
+                break
             if failure is not None:
                 yield failure
                 return

@@ -1,0 +1,70 @@
+"""schemathesis again, with keys configured: every operation also rejects invalid data
+(negative_data_rejection) and refuses requests without credentials (ignored_auth)."""
+
+from __future__ import annotations
+
+from schemathesis.checks import not_a_server_error
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    ignored_auth,
+    negative_data_rejection,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from gateway.app import create_app
+from gateway.config import Key, Settings
+from gateway.policy.auth import new_key
+from tests.schemathesis_setup import EXAMPLES, dialect_schema
+
+KEY, KEY_SHA = new_key()
+APP = create_app(Settings(keys=[Key(name="conformance", sha256=KEY_SHA)]))
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_schema_conformance,
+    negative_data_rejection,
+    ignored_auth,
+]
+
+
+def check(case) -> None:
+    case.call_and_validate(headers={"Authorization": f"Bearer {KEY}"}, checks=CHECKS)
+
+
+openai = dialect_schema("openai", APP)
+azure = dialect_schema("azure", APP)
+aleph_alpha = dialect_schema("aleph_alpha", APP)
+lmi = dialect_schema("lmi", APP)
+ovms = dialect_schema("ovms", APP)
+
+
+@openai.parametrize()
+@EXAMPLES
+def test_openai(case):
+    check(case)
+
+
+@azure.parametrize()
+@EXAMPLES
+def test_azure(case):
+    check(case)
+
+
+@aleph_alpha.parametrize()
+@EXAMPLES
+def test_aleph_alpha(case):
+    check(case)
+
+
+@lmi.parametrize()
+@EXAMPLES
+def test_lmi(case):
+    check(case)
+
+
+@ovms.parametrize()
+@EXAMPLES
+def test_ovms(case):
+    check(case)

@@ -1,0 +1,245 @@
+"""Gateway policy, table-driven: each dialect × each refusal, with status, body shape (checked
+against the dialect's own document) and headers asserted."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from gateway.policy.auth import new_key
+from tests.documents import response_errors
+from tests.servers import running_gateway
+
+KEY, KEY_SHA = new_key()
+TEXT_ONLY_KEY, TEXT_ONLY_SHA = new_key()
+PROMPT = "Say something nice please"
+FILTERED_OUTPUT_PROMPT = "Say something about secret-42 please"
+LONG_PROMPT = "word " * 400  # about 500 estimated tokens
+
+
+@dataclass(frozen=True)
+class Dialect:
+    name: str
+    spec_file: str
+    doc_path: str
+    url_path: str
+    unsupported: dict[str, Any]  # a parameter the text-only deployment does not take
+    filtered_finish: str  # what content_filter reads as in this dialect
+    image_part: dict[str, Any] = field(
+        default_factory=lambda: {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    )
+
+    def body(self, model: str, content: str = PROMPT, **extra: Any) -> dict[str, Any]:
+        return {"model": model, "messages": [{"role": "user", "content": content}], **extra}
+
+
+DIALECTS = [
+    Dialect("openai", "openai.yaml", "/chat/completions", "/v1/chat/completions",
+            {"tools": [{"type": "function", "function": {"name": "f"}}]}, "content_filter"),
+    Dialect("azure", "azure.yaml", "/chat/completions",
+            "/azure/chat/completions?api-version=2024-05-01-preview",
+            {"tools": [{"type": "function", "function": {"name": "f"}}]}, "content_filter"),
+    Dialect("aleph_alpha", "aleph_alpha.yaml", "/chat/completions", "/aleph-alpha/chat/completions",
+            {"logprobs": True}, "content_filter"),
+    Dialect("lmi", "lmi.yaml", "/v1/chat/completions", "/lmi/v1/chat/completions",
+            {"logprobs": True}, "stop_sequence"),
+    Dialect("ovms", "ovms.yaml", "/chat/completions", "/v3/chat/completions",
+            {"top_k": 5}, "stop"),
+]  # fmt: skip
+
+CONFIG = {
+    "server": {"max_body_bytes": 4096},
+    "keys": [
+        {"name": "everything", "sha256": KEY_SHA},
+        {"name": "text-only", "sha256": TEXT_ONLY_SHA, "deployments": ["text-only"]},
+    ],
+    "content_filter": {
+        "input": {"words": ["forbidden-word"]},
+        "output": {"patterns": [r"secret-\d+"]},
+    },
+    "deployments": [
+        {"name": "echo", "backend": "echo"},
+        {
+            "name": "text-only",
+            "backend": "echo",
+            "capabilities": {
+                "modalities": ["text"],
+                "unsupported_parameters": ["tools", "logprobs", "top_k"],
+            },
+        },
+        {"name": "one-per-minute", "backend": "echo", "limits": {"requests_per_minute": 1}},
+        {"name": "few-tokens", "backend": "echo", "limits": {"tokens_per_minute": 100}},
+        {"name": "open-extras", "backend": "echo", "extra_parameters": "pass-through"},
+    ],
+}
+
+
+@pytest.fixture(scope="module", params=DIALECTS, ids=lambda d: d.name)
+def dialect(request) -> Dialect:
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def url(dialect: Dialect, tmp_path_factory, log_dir: Path) -> Iterator[str]:
+    config = tmp_path_factory.mktemp("policy") / "config.yaml"
+    config.write_text(yaml.safe_dump(CONFIG))
+    with running_gateway(log_dir, config) as base:
+        yield base
+
+
+def post(url: str, dialect: Dialect, body: dict, key: str | None = KEY, **headers: str) -> httpx.Response:
+    if key is not None:
+        headers["authorization"] = f"Bearer {key}"
+    return httpx.post(f"{url}{dialect.url_path}", json=body, headers=headers, timeout=30)
+
+
+def assert_error(response: httpx.Response, dialect: Dialect, status: int) -> dict:
+    assert response.status_code == status, response.text
+    assert response.headers["x-request-id"]
+    body = response.json()
+    assert response_errors(dialect.spec_file, dialect.doc_path, "post", status, body) == []
+    if dialect.name == "azure":
+        assert response.headers["x-ms-error-code"]
+    return body
+
+
+def message_text(dialect: Dialect, body: dict) -> str:
+    return body["choices"][0]["message"]["content"]
+
+
+def test_no_credentials_is_401(url, dialect):
+    assert_error(post(url, dialect, dialect.body("echo"), key=None), dialect, 401)
+
+
+def test_wrong_key_is_401(url, dialect):
+    assert_error(post(url, dialect, dialect.body("echo"), key="cg-not-a-key"), dialect, 401)
+
+
+def test_api_key_header_works_too(url, dialect):
+    response = post(url, dialect, dialect.body("echo"), key=None, **{"api-key": KEY})
+    assert response.status_code == 200
+
+
+def test_key_limited_to_other_deployments(url, dialect):
+    body = assert_error(
+        post(url, dialect, dialect.body("echo"), key=TEXT_ONLY_KEY),
+        dialect,
+        404 if dialect.name in ("openai", "azure") else 403,
+    )
+    assert TEXT_ONLY_KEY not in str(body)
+    assert post(url, dialect, dialect.body("text-only"), key=TEXT_ONLY_KEY).status_code == 200
+
+
+def test_extra_parameter_pass_through(url, dialect):
+    response = post(url, dialect, dialect.body("echo", mood="calm"), **{"extra-parameters": "pass-through"})
+    assert response.status_code == 200
+    assert '[extra parameters: {"mood":"calm"}]' in message_text(dialect, response.json())
+
+
+def test_extra_parameter_pass_through_by_deployment_default(url, dialect):
+    response = post(url, dialect, dialect.body("open-extras", mood="calm"))
+    assert '{"mood":"calm"}' in message_text(dialect, response.json())
+
+
+@pytest.mark.parametrize("value", ["drop", "ignore"])
+def test_extra_parameter_drop(url, dialect, value):
+    response = post(url, dialect, dialect.body("echo", mood="calm"), **{"extra-parameters": value})
+    assert response.status_code == 200
+    assert "extra parameters" not in message_text(dialect, response.json())
+
+
+@pytest.mark.parametrize("header", [{"extra-parameters": "error"}, {}])
+def test_extra_parameter_error(url, dialect, header):
+    body = assert_error(post(url, dialect, dialect.body("echo", mood="calm", tone=1), **header), dialect, 400)
+    assert "mood" in str(body) and "tone" in str(body)
+
+
+def test_bad_extra_parameters_header(url, dialect):
+    body = assert_error(
+        post(url, dialect, dialect.body("echo"), **{"extra-parameters": "bogus"}), dialect, 400
+    )
+    for valid in ("pass-through", "drop", "error"):
+        assert valid in str(body)
+
+
+def test_unknown_model_is_404(url, dialect):
+    assert_error(post(url, dialect, dialect.body("no-such-model")), dialect, 404)
+
+
+def test_unsupported_modality_is_404(url, dialect):
+    content = [{"type": "text", "text": "what is this?"}, dialect.image_part]
+    if dialect.name == "aleph_alpha":  # its document has no image parts: refused as invalid
+        assert_error(post(url, dialect, dialect.body("text-only", content=content)), dialect, 400)
+        return
+    body = assert_error(post(url, dialect, dialect.body("text-only", content=content)), dialect, 404)
+    assert "Modality not supported by the model" in str(body)
+
+
+def test_unsupported_parameter_is_422(url, dialect):
+    ((name, value),) = dialect.unsupported.items()
+    body = assert_error(post(url, dialect, dialect.body("text-only", **dialect.unsupported)), dialect, 422)
+    assert name in str(body)
+    if dialect.name == "azure":
+        assert body["detail"][0]["loc"] == ["body", name]
+
+
+def test_requests_per_minute_is_429(url, dialect):
+    first = post(url, dialect, dialect.body("one-per-minute"))
+    assert first.status_code == 200
+    assert first.headers["x-ratelimit-limit-requests"] == "1"
+    assert first.headers["x-ratelimit-remaining-requests"] == "0"
+    second = post(url, dialect, dialect.body("one-per-minute"))
+    assert_error(second, dialect, 429)
+    assert 1 <= int(second.headers["retry-after"]) <= 60
+    assert second.headers["x-ratelimit-remaining-requests"] == "0"
+
+
+def test_tokens_per_minute_is_429(url, dialect):
+    response = post(url, dialect, dialect.body("few-tokens", content=LONG_PROMPT[:1000]))
+    assert_error(response, dialect, 429)
+    assert int(response.headers["retry-after"]) >= 1
+    assert response.headers["x-ratelimit-limit-tokens"] == "100"
+
+
+def test_content_filter_on_the_prompt(url, dialect):
+    body = assert_error(
+        post(url, dialect, dialect.body("echo", content="a forbidden-word here")), dialect, 400
+    )
+    if dialect.name == "azure":
+        assert body["code"] == "content_filter" and body["param"] == "messages"
+
+
+def test_content_filter_on_the_completion(url, dialect):
+    response = post(url, dialect, dialect.body("echo", content=FILTERED_OUTPUT_PROMPT))
+    assert response.status_code == 200
+    body = response.json()
+    assert body["choices"][0]["finish_reason"] == dialect.filtered_finish
+    assert "secret-42" not in message_text(dialect, body)
+    assert response_errors(dialect.spec_file, dialect.doc_path, "post", 200, body) == []
+
+
+def test_content_filter_ends_a_stream_cleanly(url, dialect):
+    with httpx.stream(
+        "POST", f"{url}{dialect.url_path}", json=dialect.body("echo", content=FILTERED_OUTPUT_PROMPT, stream=True),
+        headers={"authorization": f"Bearer {KEY}"}, timeout=30,
+    ) as response:  # fmt: skip
+        text = "".join(response.iter_text())
+    assert response.status_code == 200
+    assert "secret-42" not in text
+    assert f'"finish_reason":"{dialect.filtered_finish}"' in text
+
+
+def test_body_over_the_limit_is_413(url, dialect):
+    assert_error(post(url, dialect, dialect.body("echo", content="x" * 5000)), dialect, 413)
+
+
+def test_health_and_specs_stay_open(url, dialect):
+    assert httpx.get(f"{url}/health").status_code == 200
+    mount = dialect.url_path.split("/")[1]
+    assert httpx.get(f"{url}/{mount}/openapi.json").status_code == 200
