@@ -30,6 +30,7 @@ from gateway.middleware import GatewayMiddleware
 from gateway.policy.auth import open_access_security_map
 from gateway.runtime import Runtime
 from gateway.spec import DialectSpec, load_document
+from gateway.trace import TRACE_SCOPE_KEY
 from gateway.validation import validator_map
 
 log = logging.getLogger("chatgate")
@@ -44,16 +45,26 @@ class DialectMounts:
 
     def __init__(self) -> None:
         self.mounts: list[tuple[str, Dialect]] = []
+        self.fallback: Dialect | None = None
 
     def add(self, mount: str, dialect: Dialect) -> None:
         self.mounts.append((mount, dialect))
+        self.fallback = self.fallback or dialect
         self.mounts.sort(key=lambda item: len(item[0]), reverse=True)
 
-    def dialect_for(self, path: str) -> Dialect:
+    def find(self, path: str) -> Dialect | None:
         for mount, dialect in self.mounts:
             if not mount or path == mount or path.startswith(mount + "/"):
                 return dialect
-        return self.mounts[-1][1]
+        return None
+
+    def dialect_for(self, path: str) -> Dialect:
+        """The dialect that renders an error for this path (the OpenAI one off every mount)."""
+        return self.find(path) or self.fallback
+
+    def name_for(self, path: str) -> str | None:
+        dialect = self.find(path)
+        return None if dialect is None else dialect.name
 
 
 def as_gateway_error(exc: Exception) -> GatewayError:
@@ -92,10 +103,23 @@ def create_app(settings: Settings) -> ASGIApp:
     mounts = DialectMounts()
 
     async def health(request: Request) -> Response:
+        """Liveness: the process answers."""
         return Response(b'{"status":"ok"}', media_type="application/json")
 
+    async def ready(request: Request) -> Response:
+        """Readiness: every deployment has a healthy replica."""
+        unhealthy = runtime.router.unhealthy()
+        body = {"status": "unavailable" if unhealthy else "ready", "unhealthy": unhealthy}
+        return Response(
+            orjson.dumps(body), status_code=503 if unhealthy else 200, media_type="application/json"
+        )
+
+    async def metrics(request: Request) -> Response:
+        return Response(runtime.metrics.exposition(), media_type=runtime.metrics.content_type)
+
     app.add_url_rule("/health", "health", health, methods=["GET"])
-    app.add_url_rule("/ready", "ready", health, methods=["GET"])
+    app.add_url_rule("/ready", "ready", ready, methods=["GET"])
+    app.add_url_rule("/metrics", "metrics", metrics, methods=["GET"])
 
     for dialect_cls in DIALECTS:
         mount = getattr(settings.mounts, dialect_cls.name)
@@ -120,6 +144,9 @@ def create_app(settings: Settings) -> ASGIApp:
         error = as_gateway_error(exc)
         dialect = mounts.dialect_for(request.url.path)
         request_id = request.scope.get(REQUEST_ID_SCOPE_KEY, "")
+        trace = request.scope.get(TRACE_SCOPE_KEY)
+        if trace is not None:
+            trace.error_code = error.code
         return ConnexionResponse(
             status_code=error.status,
             mimetype="application/json",
@@ -130,4 +157,4 @@ def create_app(settings: Settings) -> ASGIApp:
     for exception_class in (GatewayError, ProblemException, HTTPException, Exception):
         app.add_error_handler(exception_class, render_error)
 
-    return GatewayMiddleware(app, runtime.keys)
+    return GatewayMiddleware(app, runtime.keys, runtime.metrics, mounts.name_for)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import copy
 import os
+import tempfile
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from gateway.config import ConfigError, load_settings
+from gateway.metrics import MULTIPROC_ENV
 
 CONFIG_ENV = "CHATGATE_CONFIG"
 cli = typer.Typer(help="chatgate: a spec-driven chat-completions gateway.", no_args_is_help=True)
@@ -27,7 +29,11 @@ def serve(
     ] = None,
     host: Annotated[str | None, typer.Option(help="Address to bind (overrides config).")] = None,
     port: Annotated[int | None, typer.Option(help="Port to bind (overrides config).")] = None,
-    log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+    workers: Annotated[int, typer.Option(min=1, help="Worker processes (share limits through Redis).")] = 1,
+    log_level: Annotated[str, typer.Option(help="Log level.")] = "info",
+    access_log: Annotated[
+        bool, typer.Option(help="One JSON line per request on stdout (logger chatgate.access).")
+    ] = True,
 ) -> None:
     """Serve every configured dialect."""
     import uvicorn
@@ -39,8 +45,10 @@ def serve(
         raise typer.Exit(2) from None
     if config is not None:
         os.environ[CONFIG_ENV] = str(config.resolve())
-    log_config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
-    log_config["loggers"][""] = {"handlers": ["default"], "level": log_level.upper()}
+    if workers > 1 and not os.environ.get(MULTIPROC_ENV):
+        # prometheus_client aggregates the workers' metrics through files in this folder
+        os.environ[MULTIPROC_ENV] = tempfile.mkdtemp(prefix="chatgate-metrics-")
+    log_config = logging_config(log_level, access_log)
     uvicorn.run(
         "gateway.asgi:create",
         log_config=log_config,
@@ -52,7 +60,28 @@ def serve(
         loop="uvloop",
         http="httptools",
         lifespan="on",
+        workers=workers,
     )
+
+
+def logging_config(level: str, access_log: bool) -> dict:
+    """uvicorn's logging, plus the root logger at `level` and the JSON access log on stdout."""
+    import uvicorn
+
+    config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
+    config["loggers"][""] = {"handlers": ["default"], "level": level.upper()}
+    config["formatters"]["json_line"] = {"format": "%(message)s"}
+    config["handlers"]["access_json"] = {
+        "class": "logging.StreamHandler",
+        "formatter": "json_line",
+        "stream": "ext://sys.stdout",
+    }
+    config["loggers"]["chatgate.access"] = {
+        "handlers": ["access_json"],
+        "level": "INFO" if access_log else "CRITICAL",
+        "propagate": False,
+    }
+    return config
 
 
 keys_cli = typer.Typer(help="Manage API keys.", no_args_is_help=True)

@@ -50,6 +50,39 @@ class DeploymentCapabilities(Strict):
     max_n: int | None = Field(default=None, ge=1)
 
 
+class Replica(Strict):
+    """One endpoint serving the deployment's model; its options are laid over the deployment's."""
+
+    name: str | None = None
+    weight: float = Field(default=1.0, gt=0)
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class Timeouts(Strict):
+    """Seconds. Each ends the request with the dialect's 504-class error."""
+
+    first_token: float = Field(default=60.0, gt=0)
+    idle: float = Field(default=60.0, gt=0, description="between two chunks of a stream")
+    total: float = Field(default=600.0, gt=0)
+    keepalive: float = Field(
+        default=10.0, gt=0, description="SSE comment interval while waiting for the first token"
+    )
+
+
+class Retries(Strict):
+    """Retries and fallback happen only before anything of the answer reached the client."""
+
+    attempts: int = Field(default=3, ge=1, description="tries in all, over replicas and fallbacks")
+    budget: float = Field(default=30.0, gt=0, description="seconds for all tries together")
+
+
+class Health(Strict):
+    """Passive health: consecutive failures eject a replica for a cool-down, then it is probed."""
+
+    failures: int = Field(default=3, ge=1)
+    cooldown: float = Field(default=30.0, gt=0)
+
+
 class Deployment(Strict):
     name: str = Field(min_length=1)
     backend: Literal["echo", "tgi", "openai-compatible", "local"] = "echo"
@@ -65,6 +98,23 @@ class Deployment(Strict):
     capabilities: DeploymentCapabilities = DeploymentCapabilities()
     limits: Limits = Limits()
     options: dict[str, Any] = Field(default_factory=dict)
+    replicas: list[Replica] = Field(
+        default_factory=list, description="endpoints of the same model; none means one, from options"
+    )
+    fallback: list[str] = Field(
+        default_factory=list, description="deployments to try next, in order, when this one fails"
+    )
+    timeouts: Timeouts = Timeouts()
+    retries: Retries = Retries()
+    health: Health = Health()
+
+    def replica_options(self) -> list[tuple[str, float, dict[str, Any]]]:
+        """(name, weight, merged options) of each replica."""
+        replicas = self.replicas or [Replica()]
+        return [
+            (r.name or f"{self.name}-{i}", r.weight, {**self.options, **r.options})
+            for i, r in enumerate(replicas)
+        ]
 
     @property
     def served_model(self) -> str:
@@ -146,6 +196,10 @@ class Settings(Strict):
             unknown = sorted(set(key.deployments) - names - {"*"})
             if unknown:
                 raise ValueError(f"keys.{index}.deployments: unknown deployments {unknown}")
+        for index, deployment in enumerate(self.deployments):
+            unknown = sorted(set(deployment.fallback) - names)
+            if unknown:
+                raise ValueError(f"deployments.{index}.fallback: unknown deployments {unknown}")
         if self.rate_limits.store == "redis" and self.rate_limits.redis is None:
             raise ValueError("rate_limits.redis: required when rate_limits.store is redis")
         return self

@@ -10,6 +10,8 @@ import orjson
 class SSE:
     media_type = "text/event-stream"
     done: bytes | None = b"data: [DONE]\n\n"
+    # a comment line: clients ignore it, proxies with idle timeouts see traffic
+    keepalive: bytes | None = b": keep-alive\n\n"
 
     @staticmethod
     def frame(payload: Any) -> bytes:
@@ -19,6 +21,7 @@ class SSE:
 class JSONLines:
     media_type = "application/jsonlines"
     done: bytes | None = None
+    keepalive: bytes | None = None  # JSON lines has no comment syntax
 
     @staticmethod
     def frame(payload: Any) -> bytes:

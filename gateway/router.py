@@ -1,7 +1,11 @@
-"""Routing: the request's model name (or Azure's deployment header) → a live deployment."""
+"""Routing: the request's model name (or Azure's deployment header) → a chain of deployments
+(the one asked for, then its fallbacks); within a deployment, a healthy replica chosen by
+least outstanding requests among two weighted random picks."""
 
 from __future__ import annotations
 
+import random
+import time
 from dataclasses import dataclass, field
 
 from backends import Backend, Capabilities, create_backend
@@ -14,14 +18,62 @@ WILDCARD = "*"
 
 
 @dataclass(slots=True)
+class Replica:
+    """One backend instance, with the passive-health state kept for it."""
+
+    name: str
+    weight: float
+    backend: Backend
+    failures_to_eject: int
+    cooldown: float
+    outstanding: int = 0
+    consecutive_failures: int = 0
+    ejected_until: float = 0.0
+    probing: bool = False
+
+    def available(self, now: float) -> bool:
+        """Healthy, or out of its cool-down and not already being probed."""
+        if self.consecutive_failures < self.failures_to_eject:
+            return True
+        return now >= self.ejected_until and not self.probing
+
+    @property
+    def healthy(self) -> bool:
+        return self.consecutive_failures < self.failures_to_eject
+
+    def started(self) -> None:
+        self.outstanding += 1
+        if not self.healthy:
+            self.probing = True  # this request is the probe
+
+    def succeeded(self) -> None:
+        self.outstanding -= 1
+        self.consecutive_failures = 0
+        self.probing = False
+
+    def failed(self) -> None:
+        self.outstanding -= 1
+        self.probing = False
+        self.consecutive_failures += 1
+        if self.consecutive_failures >= self.failures_to_eject:
+            self.ejected_until = time.monotonic() + self.cooldown
+
+    def finished_without_verdict(self) -> None:
+        """The client went away or the request was refused for its own sake: no health signal."""
+        self.outstanding -= 1
+        self.probing = False
+
+
+@dataclass(slots=True)
 class LiveDeployment:
     config: Deployment
-    backend: Backend
+    replicas: list[Replica]
     capabilities: Capabilities = field(init=False)
     buckets: list[Bucket] = field(init=False)
+    fallbacks: list[LiveDeployment] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.capabilities = effective(self.backend.capabilities, self.config.capabilities)
+        self.capabilities = effective(self.replicas[0].backend.capabilities, self.config.capabilities)
         self.buckets = buckets_for(f"deployment:{self.config.name}", self.config.limits)
 
     @property
@@ -32,13 +84,30 @@ class LiveDeployment:
     def model(self) -> str:
         return self.config.served_model
 
+    @property
+    def healthy(self) -> bool:
+        return any(r.healthy for r in self.replicas)
+
+    def pick(self, exclude: set[str], rng: random.Random) -> Replica | None:
+        """Power of two choices: two weighted random available replicas, the less loaded wins."""
+        now = time.monotonic()
+        candidates = [r for r in self.replicas if r.name not in exclude and r.available(now)]
+        if len(candidates) <= 1:
+            return candidates[0] if candidates else None
+        weights = [r.weight for r in candidates]
+        first, second = rng.choices(candidates, weights=weights, k=2)
+        return min((first, second), key=lambda r: (r.outstanding + 1) / r.weight)
+
+    def chain(self) -> list[LiveDeployment]:
+        """This deployment, then its fallbacks in preference order."""
+        return [self, *self.fallbacks]
+
 
 class Router:
     def __init__(self, deployments: list[Deployment]) -> None:
-        self.deployments = {
-            d.name: LiveDeployment(d, create_backend(d.backend, d.served_model, d.options))
-            for d in deployments
-        }
+        self.deployments = {d.name: self.build(d) for d in deployments}
+        for live in self.deployments.values():
+            live.fallbacks = [self.deployments[name] for name in live.config.fallback]
         self.by_model: dict[str, LiveDeployment] = {}
         self.catch_all: LiveDeployment | None = None
         for live in self.deployments.values():
@@ -47,6 +116,21 @@ class Router:
                     self.catch_all = self.catch_all or live
                 else:
                     self.by_model.setdefault(model, live)
+        self.rng = random.Random()
+
+    @staticmethod
+    def build(config: Deployment) -> LiveDeployment:
+        replicas = [
+            Replica(
+                name=name,
+                weight=weight,
+                backend=create_backend(config.backend, config.served_model, options),
+                failures_to_eject=config.health.failures,
+                cooldown=config.health.cooldown,
+            )
+            for name, weight, options in config.replica_options()
+        ]
+        return LiveDeployment(config, replicas)
 
     def model_names(self) -> list[str]:
         return list(self.by_model)
@@ -79,6 +163,11 @@ class Router:
             )
         return live
 
+    def unhealthy(self) -> list[str]:
+        """Deployments with no healthy replica (for /ready)."""
+        return [name for name, live in self.deployments.items() if not live.healthy]
+
     async def aclose(self) -> None:
         for live in self.deployments.values():
-            await live.backend.aclose()
+            for replica in live.replicas:
+                await replica.backend.aclose()

@@ -13,13 +13,23 @@ from starlette.datastructures import Headers
 
 from gateway.canonical import ChatRequest, Event, Usage
 from gateway.config import Settings
+from gateway.dispatch import Dispatcher
+from gateway.metrics import Metrics
 from gateway.policy import capabilities
 from gateway.policy.auth import Caller, KeyStore
 from gateway.policy.content_filter import Filter, prompt_text
 from gateway.policy.extra_params import HEADER as EXTRA_PARAMS_HEADER
 from gateway.policy.extra_params import apply_extra_params, resolve_policy
-from gateway.policy.limits import Bucket, buckets_for, create_limiter, rate_headers, refused
+from gateway.policy.limits import (
+    Bucket,
+    buckets_for,
+    create_limiter,
+    limited_kinds,
+    rate_headers,
+    refused,
+)
 from gateway.router import LiveDeployment, Router
+from gateway.trace import RequestTrace
 
 if TYPE_CHECKING:
     from gateway.dialects.base import Dialect
@@ -48,16 +58,25 @@ class Runtime:
         self.settings = settings
         self.started = int(time.time())
         self.router = Router(settings.deployments)
+        self.metrics = Metrics()
+        self.dispatcher = Dispatcher(self.metrics, self.router.rng)
         self.keys = KeyStore(settings.keys)
         self.limiter = create_limiter(settings.rate_limits)
         self.content_filter = Filter(settings.content_filter)
         self.key_limits = {k.name: buckets_for(f"key:{k.name}", k.limits) for k in settings.keys}
 
     async def admit(
-        self, dialect: Dialect, request: ChatRequest, headers: Headers, caller: Caller
+        self,
+        dialect: Dialect,
+        request: ChatRequest,
+        headers: Headers,
+        caller: Caller,
+        trace: RequestTrace,
     ) -> Admission:
         """Apply policy; raise the GatewayError that refuses the request."""
+        trace.key = caller.name
         deployment = self.router.route(request.model, headers.get(DEPLOYMENT_HEADER))
+        trace.deployment = deployment.name
         if not caller.may_use(deployment.name):
             raise dialect.forbidden_deployment(deployment.name)
         policy = resolve_policy(headers.get(EXTRA_PARAMS_HEADER), deployment.config.extra_parameters)
@@ -71,13 +90,17 @@ class Runtime:
         if admission.buckets:
             verdict = await self.limiter.take(admission.buckets, prompt_tokens)
             if not verdict.allowed:
+                trace.rate_limited = limited_kinds(verdict)
                 raise refused(verdict)
             admission.headers = rate_headers(verdict.states)
         return admission
 
-    async def generate(self, admission: Admission, request: ChatRequest) -> AsyncIterator[Event]:
-        """The backend's events, screened by the output filter; completion tokens are charged."""
-        events = admission.deployment.backend.generate(request)
+    async def generate(
+        self, admission: Admission, request: ChatRequest, trace: RequestTrace
+    ) -> AsyncIterator[Event]:
+        """The backend's events (through retries, fallback and timeouts), screened by the output
+        filter; completion tokens are charged to the rate limits."""
+        events = self.dispatcher.events(admission.deployment, request, trace)
         async for event in self.content_filter.screen(events):
             if isinstance(event, Usage) and admission.buckets:
                 await self.limiter.charge(admission.buckets, event.completion_tokens)

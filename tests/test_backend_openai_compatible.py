@@ -281,7 +281,8 @@ def gateway(tmp_path_factory: pytest.TempPathFactory, log_dir: Path, upstream: s
          "extra_parameters": "pass-through",
          "options": {**relay, "headers": {"extra-parameters": "pass-through"}}},
         {"name": "unreachable", "backend": "openai-compatible",
-         "options": {"base_url": f"http://127.0.0.1:{free_port()}/v1", "connect": 2}},
+         "options": {"base_url": f"http://127.0.0.1:{free_port()}/v1", "connect": 2},
+         "health": {"failures": 1000}},
     ]  # fmt: skip
     for behaviour in STUB_BEHAVIOURS:
         options = {
@@ -295,7 +296,9 @@ def gateway(tmp_path_factory: pytest.TempPathFactory, log_dir: Path, upstream: s
         }
         deployments.append(
             {"name": f"stub-{behaviour}", "backend": "openai-compatible",
-             "extra_parameters": "pass-through", "options": options}
+             "extra_parameters": "pass-through", "options": options,
+             # each test sees its own failure, not the circuit breaker's (tested elsewhere)
+             "health": {"failures": 1000}}
         )  # fmt: skip
     config = tmp_path_factory.mktemp("relay") / "config.yaml"
     config.write_text(yaml.safe_dump({"deployments": deployments}))

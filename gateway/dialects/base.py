@@ -4,6 +4,9 @@ only what its document says differently (names, finish reasons, error body, fram
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -31,6 +34,7 @@ from gateway.canonical import (
 from gateway.errors import Forbidden, GatewayError, InternalError, UnprocessableContent
 from gateway.framing import SSE, Framing
 from gateway.policy.auth import Caller
+from gateway.trace import TRACE_SCOPE_KEY, RequestTrace
 from gateway.validation import BODY_SCOPE_KEY
 
 if TYPE_CHECKING:
@@ -38,6 +42,7 @@ if TYPE_CHECKING:
     from gateway.spec import DialectSpec
 
 REQUEST_ID_SCOPE_KEY = "chatgate.request_id"
+log = logging.getLogger("chatgate")
 JSON = "application/json"
 
 # Request fields the canonical request holds; everything else the spec defines goes to `options`.
@@ -336,12 +341,14 @@ class Dialect:
         """Read → policy → route → generate → render, for the current request."""
         scope = request_scope._get_current_object()
         headers = Headers(scope=scope)
+        trace: RequestTrace = scope[TRACE_SCOPE_KEY]
         request = self.read_request(scope[BODY_SCOPE_KEY], headers)
+        trace.stream = request.stream
         self.check_request(request)
         caller = request_context.get("token_info", {}).get("caller") or Caller(None)
-        admission = await self.runtime.admit(self, request, headers, caller)
+        admission = await self.runtime.admit(self, request, headers, caller, trace)
         deployment = admission.deployment
-        events = self.runtime.generate(admission, request)
+        events = self.runtime.generate(admission, request, trace)
         ctx = ResponseContext(
             id=self.id_prefix + uuid.uuid4().hex,
             created=int(time.time()),
@@ -355,21 +362,38 @@ class Dialect:
                 media_type=JSON,
                 headers=admission.headers,
             )
-        first = await anext(events, None)  # errors before the first byte are still HTTP errors
+        # Wait for the first event a little: errors before the first byte are still HTTP
+        # errors. If it is slow, start the stream and keep it alive while waiting.
+        first = asyncio.ensure_future(anext(events, None))
+        keepalive = deployment.config.timeouts.keepalive if self.framing.keepalive else None
+        await asyncio.wait({first}, timeout=keepalive)
+        if first.done() and first.exception() is not None:
+            await events.aclose()
+            raise first.exception()
         return StreamingResponse(
-            self.stream(ctx, first, events, scope.get(REQUEST_ID_SCOPE_KEY, "")),
+            self.stream(ctx, first, events, scope.get(REQUEST_ID_SCOPE_KEY, ""), keepalive),
             media_type=self.framing.media_type,
             headers=admission.headers,
         )
 
     async def stream(
-        self, ctx: ResponseContext, first: Event | None, events: AsyncIterator[Event], rid: str
+        self,
+        ctx: ResponseContext,
+        first: asyncio.Future[Event | None],
+        events: AsyncIterator[Event],
+        rid: str,
+        keepalive: float | None,
     ) -> AsyncIterator[bytes]:
         frame = self.framing.frame
         started: set[int] = set()
         try:
-            if first is not None:
-                for chunk in self.chunks_for(ctx, first, started):
+            while not first.done():
+                await asyncio.wait({first}, timeout=keepalive)
+                if not first.done():
+                    yield self.framing.keepalive
+            event = first.result()
+            if event is not None:
+                for chunk in self.chunks_for(ctx, event, started):
                     yield frame(chunk)
                 async for event in events:
                     for chunk in self.chunks_for(ctx, event, started):
@@ -378,7 +402,14 @@ class Dialect:
             yield frame(self.error_body(error, rid))
             return
         except Exception:  # an unexpected fault mid-stream: report it in shape, never hang
+            log.exception("stream failed")
             yield frame(self.error_body(InternalError("The backend failed mid-stream."), rid))
             return
+        finally:
+            if not first.done():
+                first.cancel()
+                with contextlib.suppress(BaseException):
+                    await first
+            await events.aclose()
         if self.framing.done is not None:
             yield self.framing.done

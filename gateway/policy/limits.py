@@ -69,11 +69,16 @@ def rate_headers(states: list[BucketState]) -> dict[str, str]:
     return headers
 
 
+def limited_kinds(verdict: Verdict) -> str:
+    """Which limits refused: "requests", "tokens" or "requests and tokens"."""
+    kinds = sorted({s.bucket.kind for s in verdict.states if s.remaining < 1} or {"requests"})
+    return " and ".join(kinds)
+
+
 def refused(verdict: Verdict) -> TooManyRequests:
     retry_after = max(1, math.ceil(verdict.retry_after))
-    kinds = sorted({s.bucket.kind for s in verdict.states if s.remaining < 1} or {"requests"})
     return TooManyRequests(
-        f"Rate limit reached for {' and '.join(kinds)}; retry after {retry_after} seconds.",
+        f"Rate limit reached for {limited_kinds(verdict)}; retry after {retry_after} seconds.",
         code="RateLimitExceeded",
         headers={"Retry-After": str(retry_after), **rate_headers(verdict.states)},
     )

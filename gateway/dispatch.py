@@ -1,0 +1,144 @@
+"""Send a request to a deployment's replicas: pick one, retry and fall back while nothing has
+reached the client, enforce the time to first token, the idle gap and the total time, and
+keep each replica's passive-health state."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import AsyncIterator
+
+from gateway.canonical import ChatRequest, Event, TextDelta, ToolCallDelta, Usage
+from gateway.errors import (
+    BadGateway,
+    GatewayError,
+    GatewayTimeout,
+    ServiceUnavailable,
+    TooManyRequests,
+)
+from gateway.metrics import Metrics
+from gateway.router import LiveDeployment, Replica
+from gateway.trace import RequestTrace
+
+# Upstream failures worth another replica: it is down, broken, or busy.
+RETRYABLE = (BadGateway, ServiceUnavailable, TooManyRequests, GatewayTimeout)
+
+
+def retry_after(error: GatewayError) -> float:
+    try:
+        return float(error.headers.get("Retry-After", 0))
+    except ValueError:
+        return 0.0
+
+
+async def next_event(events: AsyncIterator[Event], timeout: float, what: str) -> Event | None:
+    try:
+        return await asyncio.wait_for(anext(events, None), timeout)
+    except TimeoutError:
+        raise GatewayTimeout(
+            f"The model did not answer in time ({what}: {timeout:g}s).", code="UpstreamTimeout"
+        ) from None
+
+
+class Dispatcher:
+    def __init__(self, metrics: Metrics, rng: random.Random) -> None:
+        self.metrics = metrics
+        self.rng = rng
+
+    async def events(
+        self, deployment: LiveDeployment, request: ChatRequest, trace: RequestTrace
+    ) -> AsyncIterator[Event]:
+        config = deployment.config
+        started = time.monotonic()
+        budget_ends = started + config.retries.budget
+        deadline = started + config.timeouts.total
+        attempts = 0
+        tried: set[str] = set()
+        last_error: GatewayError | None = None
+        for live in deployment.chain():
+            while attempts < config.retries.attempts:
+                replica = live.pick(tried, self.rng)
+                if replica is None:
+                    break
+                attempts += 1
+                tried.add(replica.name)
+                trace.deployment, trace.replica = live.name, replica.name
+                replica.started()
+                self.metrics.replica_health(live.name, replica)
+                events = replica.backend.generate(request)
+                try:
+                    first = await next_event(
+                        events, min(live.config.timeouts.first_token, deadline - time.monotonic()),
+                        "time to first token",
+                    )  # fmt: skip
+                except RETRYABLE as error:
+                    await self.failed(live, replica, events, error)
+                    last_error = error
+                    wait = retry_after(error)
+                    if time.monotonic() + wait >= budget_ends or attempts >= config.retries.attempts:
+                        break
+                    trace.retries += 1
+                    self.metrics.retry(live.name)
+                    continue
+                except BaseException:
+                    replica.finished_without_verdict()
+                    await events.aclose()
+                    raise
+                async for event in self.relay(live, replica, events, first, deadline, trace):
+                    yield event
+                return
+        if last_error is not None:
+            raise last_error
+        raise ServiceUnavailable(
+            f"No healthy replica of '{deployment.name}' can take the request now.",
+            code="NoHealthyReplica",
+            headers={"Retry-After": str(max(1, int(deployment.config.health.cooldown)))},
+        )
+
+    async def relay(
+        self,
+        live: LiveDeployment,
+        replica: Replica,
+        events: AsyncIterator[Event],
+        first: Event | None,
+        deadline: float,
+        trace: RequestTrace,
+    ) -> AsyncIterator[Event]:
+        """The rest of a stream that has begun: idle and total timeouts, health verdict."""
+        idle = live.config.timeouts.idle
+        event = first
+        try:
+            while event is not None:
+                if isinstance(event, TextDelta | ToolCallDelta):
+                    trace.first_token()
+                elif isinstance(event, Usage):
+                    trace.prompt_tokens = event.prompt_tokens
+                    trace.completion_tokens = event.completion_tokens
+                yield event
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise GatewayTimeout("The request took longer than its total time.", code="TotalTimeout")
+                what = "idle between chunks" if idle <= remaining else "total time"
+                event = await next_event(events, min(idle, remaining), what)
+        except RETRYABLE as error:
+            await self.failed(live, replica, events, error)
+            raise
+        except GatewayError:
+            replica.finished_without_verdict()
+            await events.aclose()
+            raise
+        except BaseException:  # the client went away (GeneratorExit, cancellation)
+            replica.finished_without_verdict()
+            await events.aclose()
+            raise
+        replica.succeeded()
+        self.metrics.replica_health(live.name, replica)
+
+    async def failed(
+        self, live: LiveDeployment, replica: Replica, events: AsyncIterator[Event], error: GatewayError
+    ) -> None:
+        replica.failed()
+        self.metrics.upstream_error(live.name, replica.name, error)
+        self.metrics.replica_health(live.name, replica)
+        await events.aclose()

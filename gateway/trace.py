@@ -1,0 +1,36 @@
+"""What one request did, filled in as it travels; the access log and the metrics read it."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+TRACE_SCOPE_KEY = "chatgate.trace"
+
+
+@dataclass(slots=True)
+class RequestTrace:
+    request_id: str
+    method: str
+    path: str
+    started: float = field(default_factory=time.perf_counter)
+    dialect: str = ""
+    deployment: str = ""
+    replica: str = ""
+    key: str = ""
+    status: int = 0
+    stream: bool = False
+    first_token_at: float | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    retries: int = 0
+    error_code: str = ""
+    rate_limited: str = ""  # "requests" / "tokens" when a limit refused the request
+
+    def first_token(self) -> None:
+        if self.first_token_at is None:
+            self.first_token_at = time.perf_counter()
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token_at is None else self.first_token_at - self.started

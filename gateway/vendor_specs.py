@@ -1,0 +1,360 @@
+"""The vendors' own machine-readable documents (`shared/refspecs/`) as validators for what a
+dialect answers.
+
+Each document is read once, the schemas we need are extracted with their `$ref` closure and
+rewritten as JSON Schema 2020-12: OpenAI's 3.1 file still writes `nullable: true`, Azure's
+Swagger 2.0 writes `x-nullable`, and the Aleph Alpha extract stores numbers and booleans as
+strings ("-2", "true") and points at a schema it does not contain (SteeringConceptRef). Where
+chatgate answers differently from a vendor's document on purpose (the seed, or the real
+service, says otherwise), the difference is a `Deviation` applied to the vendor's schema, with
+its reason; tests/test_vendor_specs.py proves each one is still needed.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jsonschema_rs
+import yaml
+
+REFSPECS_ENV = "CHATGATE_REFSPECS"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+REF_PREFIXES = ("#/components/schemas/", "#/definitions/")
+NUMBER_KEYWORDS = frozenset(
+    {
+        "minimum",
+        "maximum",
+        "exclusiveMinimum",
+        "exclusiveMaximum",
+        "multipleOf",
+        "minLength",
+        "maxLength",
+        "minItems",
+        "maxItems",
+        "minProperties",
+        "maxProperties",
+    }
+)
+BOOLEAN_KEYWORDS = frozenset(
+    {"nullable", "x-nullable", "deprecated", "readOnly", "writeOnly", "uniqueItems", "additionalProperties"}
+)
+NOT_SCHEMA_KEYWORDS = frozenset({"nullable", "x-nullable", "example", "examples", "discriminator", "xml"})
+REMOVE = object()  # a Deviation value: delete what the pointer names
+
+# What a body is, for the validators: a whole completion, one stream chunk, an error body, …
+COMPLETION, CHUNK, ERROR = "completion", "chunk", "error"
+
+
+def default_refspecs_dir() -> Path | None:
+    """`$CHATGATE_REFSPECS`, else `shared/refspecs` beside the repository, if it exists."""
+    configured = os.environ.get(REFSPECS_ENV)
+    candidate = Path(configured) if configured else REPO_ROOT.parent / "shared" / "refspecs"
+    return candidate if candidate.is_dir() else None
+
+
+# ----- reading a vendor document --------------------------------------------------------------
+
+
+def read_document(path: Path) -> dict[str, Any]:
+    if path.suffix == ".json":
+        return json.loads(path.read_text(encoding="utf-8"))
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the C loader reads OpenAI's 3 MB in ~3 s
+    with path.open(encoding="utf-8") as handle:
+        return yaml.load(handle, Loader=loader)
+
+
+def schema_name(ref: str) -> str | None:
+    for prefix in REF_PREFIXES:
+        if ref.startswith(prefix):
+            return ref.removeprefix(prefix).split("/", 1)[0]
+    return None
+
+
+def destring(key: str, value: Any, schema_type: Any) -> Any:
+    """Undo the Aleph Alpha copy's strings: "-2" → -2, "true" → True."""
+    if not isinstance(value, str):
+        return value
+    if key in NUMBER_KEYWORDS:
+        number = float(value)
+        return int(number) if number.is_integer() else number
+    if key in BOOLEAN_KEYWORDS and value in ("true", "false"):
+        return value == "true"
+    if key == "default" and schema_type == "boolean" and value in ("true", "false"):
+        return value == "true"
+    return value
+
+
+def to_2020_12(node: Any, known: set[str], dangling: set[str]) -> Any:
+    """One OpenAPI 3.0/3.1 or Swagger 2.0 schema → JSON Schema 2020-12 with refs into `$defs`."""
+    if isinstance(node, list):
+        return [to_2020_12(item, known, dangling) for item in node]
+    if not isinstance(node, dict):
+        return node
+    node = {key: destring(key, value, node.get("type")) for key, value in node.items()}
+    if "$ref" in node and isinstance(node["$ref"], str):
+        name = schema_name(node["$ref"])
+        if name is not None and name not in known:
+            dangling.add(name)  # the document points at a schema it does not hold: accept anything
+            node = {k: v for k, v in node.items() if k != "$ref"}
+        elif name is not None:
+            prefix = next(p for p in REF_PREFIXES if node["$ref"].startswith(p))
+            node["$ref"] = "#/$defs/" + node["$ref"].removeprefix(prefix)
+    converted: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in NOT_SCHEMA_KEYWORDS or (key.startswith("x-") and key != "x-nullable"):
+            continue
+        if key in ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas"):
+            converted[key] = {k: to_2020_12(v, known, dangling) for k, v in value.items()}
+        elif key in ("enum", "const", "default", "required", "type"):
+            converted[key] = value
+        else:
+            converted[key] = to_2020_12(value, known, dangling)
+    if node.get("nullable") is True or node.get("x-nullable") is True:
+        converted = admit_null(converted)
+    return converted
+
+
+def admit_null(schema: dict[str, Any]) -> dict[str, Any]:
+    kind = schema.get("type")
+    if (
+        isinstance(kind, str)
+        and "$ref" not in schema
+        and not any(k in schema for k in ("allOf", "anyOf", "oneOf"))
+    ):
+        schema = {**schema, "type": [kind, "null"]}
+        if "enum" in schema and None not in schema["enum"]:
+            schema["enum"] = [*schema["enum"], None]
+        return schema
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
+def closure(schemas: dict[str, Any], roots: list[str]) -> tuple[dict[str, Any], set[str]]:
+    """The named schemas and every schema they reach, converted; and the names that dangle."""
+    known = set(schemas)
+    dangling: set[str] = set()
+    found: dict[str, Any] = {}
+    pending = list(roots)
+    while pending:
+        name = pending.pop()
+        if name in found or name not in known:
+            continue
+        found[name] = to_2020_12(schemas[name], known, dangling)
+        pending.extend(refs_in(found[name]))
+    return found, dangling
+
+
+def refs_in(node: Any) -> Iterator[str]:
+    if isinstance(node, dict):
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#/$defs/"):
+            yield ref.removeprefix("#/$defs/").split("/", 1)[0]
+        for value in node.values():
+            yield from refs_in(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from refs_in(item)
+
+
+# ----- where chatgate differs on purpose ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Deviation:
+    """A change to a vendor schema that chatgate's answers need, and why it is right for us."""
+
+    schema: str  # the vendor schema's name
+    pointer: str  # a JSON pointer inside it ("/properties/object/enum")
+    value: Any  # what is written there; REMOVE deletes it
+    why: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.schema}{self.pointer}"
+
+    def apply(self, schemas: dict[str, Any]) -> None:
+        *parents, last = [p.replace("~1", "/").replace("~0", "~") for p in self.pointer.split("/")[1:]]
+        target = schemas[self.schema]
+        for part in parents:
+            target = target[int(part)] if isinstance(target, list) else target[part]
+        if self.value is REMOVE:
+            del target[last]
+        else:
+            target[last] = copy.deepcopy(self.value)
+
+
+@dataclass(frozen=True)
+class VendorDocument:
+    """One vendor document and the schema each kind of body of a dialect must match."""
+
+    dialect: str
+    file: str
+    schemas_at: tuple[str, ...]  # where the document keeps its schemas
+    kinds: dict[str, str]  # body kind → vendor schema name
+    deviations: tuple[Deviation, ...] = ()
+    # bodies the vendor's document describes differently in kind, not in detail: not checked
+    not_checked: dict[str, str] = field(default_factory=dict)
+
+
+NULL = {"type": "null"}
+
+OPENAI = VendorDocument(
+    dialect="openai",
+    file="openai-openapi.yaml",
+    schemas_at=("components", "schemas"),
+    kinds={
+        COMPLETION: "CreateChatCompletionResponse",
+        CHUNK: "CreateChatCompletionStreamResponse",
+        ERROR: "ErrorResponse",
+        "model": "Model",
+        "model_list": "ListModelsResponse",
+        "request": "CreateChatCompletionRequest",
+    },
+)
+
+AZURE = VendorDocument(
+    dialect="azure",
+    file="azure-ai-model-inference/2024-05-01-preview.openapi.json",
+    schemas_at=("definitions",),
+    kinds={
+        COMPLETION: "ChatCompletions",
+        CHUNK: "StreamingChatCompletionsUpdate",
+        "model_info": "ModelInfo",
+        "request": "ChatCompletionsOptions",
+    },
+    deviations=(
+        Deviation(
+            "StreamingChatCompletionsUpdate",
+            "/properties/object/enum",
+            ["chat.completion", "chat.completion.chunk"],
+            "The document says chunks are `chat.completion`; the real service, the SDK's samples and "
+            "every OpenAI-compatible backend send `chat.completion.chunk`, which chatgate sends.",
+        ),
+        Deviation(
+            "StreamingChatCompletionsUpdate",
+            "/required",
+            ["id", "object", "created", "model", "choices"],
+            "The document requires `usage` in every chunk; the service sends it in the last one only "
+            "(the SDK's model has it optional).",
+        ),
+        Deviation(
+            "StreamingChatCompletionsUpdate",
+            "/properties/choices/minItems",
+            REMOVE,
+            "The document wants at least one choice per chunk; the final usage-only chunk has none.",
+        ),
+        Deviation(
+            "StreamingChatResponseMessageUpdate",
+            "/properties/content",
+            {"type": ["string", "null"]},
+            "Real streams send `content: null` in chunks that carry only tool calls.",
+        ),
+        Deviation(
+            "StreamingChatResponseToolCallUpdate",
+            "/required",
+            [],
+            "A streamed tool call arrives in fragments: later ones carry only `index` and more "
+            "`arguments`, so no field can be required in each.",
+        ),
+        Deviation(
+            "ModelInfo",
+            "/properties/model_type",
+            {"enum": ["embeddings", "chat-completion", "chat_completion"]},
+            "The document spells the chat type `chat-completion`; the seed and the azure-ai-inference "
+            "SDK say `chat_completion`, which chatgate sends.",
+        ),
+    ),
+    not_checked={
+        ERROR: "The document gives every error the Azure.Core shape {error: {code, message}}; the seed "
+        "documents flat bodies {error, message, status, code, …} per status, which chatgate sends "
+        "(the code also goes in `x-ms-error-code`, the part of Azure.Core's contract kept). The two "
+        "shapes disagree on the type of `error`, so no body can satisfy both.",
+    },
+)
+
+ALEPH_ALPHA = VendorDocument(
+    dialect="aleph_alpha",
+    file="aleph-alpha/aleph-alpha-api-4.7.0.chat-completions.extract.json",
+    schemas_at=("components", "schemas"),
+    kinds={COMPLETION: "ChatResponse", CHUNK: "ChatResponse", "request": "ChatRequest"},
+    not_checked={
+        ERROR: "The extract documents no error body (only the 200 answer).",
+    },
+)
+
+VENDOR_DOCUMENTS = {doc.dialect: doc for doc in (OPENAI, AZURE, ALEPH_ALPHA)}
+
+
+# ----- validators -----------------------------------------------------------------------------
+
+
+@cache
+def vendor_schemas(refspecs_dir: Path, dialect: str) -> tuple[dict[str, Any], frozenset[str]]:
+    """The converted closure of every schema the dialect's kinds name, before deviations."""
+    vendor = VENDOR_DOCUMENTS[dialect]
+    document: Any = read_document(refspecs_dir / vendor.file)
+    for part in vendor.schemas_at:
+        document = document[part]
+    schemas, dangling = closure(document, sorted(set(vendor.kinds.values())))
+    return schemas, frozenset(dangling)
+
+
+Validate = Callable[[Any], list[str]]
+
+
+@cache
+def validator(refspecs_dir: Path, dialect: str, kind: str, without: str | None = None) -> Validate | None:
+    """A function that lists how a body breaks the vendor's schema for `kind` ([] when it
+    conforms), with every deviation applied except the one named `without`; None when the
+    vendor's document does not describe that kind of body."""
+    vendor = VENDOR_DOCUMENTS[dialect]
+    if kind not in vendor.kinds:
+        return None
+    schemas, _dangling = vendor_schemas(refspecs_dir, dialect)
+    schemas = copy.deepcopy(schemas)
+    for deviation in vendor.deviations:
+        if deviation.name != without:
+            deviation.apply(schemas)
+    root = {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$ref": f"#/$defs/{vendor.kinds[kind]}",
+        "$defs": schemas,
+    }
+    compiled = jsonschema_rs.Draft202012Validator(root)
+
+    def validate(body: Any) -> list[str]:
+        return [
+            f"{vendor.kinds[kind]}: /{'/'.join(map(str, e.instance_path))}: {e.message}"
+            for e in compiled.iter_errors(body)
+        ]
+
+    return validate
+
+
+class VendorSpecs:
+    """The vendor documents in one refspecs folder, for the dialects that have one."""
+
+    def __init__(self, refspecs_dir: Path) -> None:
+        self.refspecs_dir = refspecs_dir.resolve()
+
+    @classmethod
+    def find(cls, refspecs_dir: Path | None = None) -> VendorSpecs | None:
+        found = refspecs_dir or default_refspecs_dir()
+        return cls(found) if found is not None and found.is_dir() else None
+
+    @staticmethod
+    def covers(dialect: str) -> bool:
+        return dialect in VENDOR_DOCUMENTS
+
+    def errors(self, dialect: str, kind: str, body: Any, without: str | None = None) -> list[str]:
+        """How `body` breaks the vendor's schema for `kind`; [] when it conforms or is not described."""
+        if dialect not in VENDOR_DOCUMENTS:
+            return []
+        validate = validator(self.refspecs_dir, dialect, kind, without)
+        return [] if validate is None else validate(body)
