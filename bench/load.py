@@ -25,14 +25,6 @@ LUA = """\
 wrk.method = "POST"
 wrk.body = [==[{body}]==]
 {headers}
-local limit = {limit}
-local seen = 0
-if limit > 0 then
-  function response(status, headers, body)
-    seen = seen + 1
-    if seen >= limit then wrk.thread:stop() end
-  end
-end
 function done(summary, latency, requests)
   local e = summary.errors
   io.write(string.format("{mark} %d %d %d %d %d %d %d %d %d %d\\n",
@@ -57,9 +49,9 @@ class WrkResult:
         return asdict(self)
 
 
-def lua_script(body: bytes, headers: dict[str, str], limit: int = 0) -> str:
+def lua_script(body: bytes, headers: dict[str, str]) -> str:
     lines = [f'wrk.headers["{name}"] = "{value}"' for name, value in headers.items()]
-    return LUA.format(body=body.decode(), headers="\n".join(lines), limit=limit, mark=RESULT_MARK)
+    return LUA.format(body=body.decode(), headers="\n".join(lines), mark=RESULT_MARK)
 
 
 def wrk(
@@ -69,11 +61,10 @@ def wrk(
     connections: int,
     seconds: float,
     core: str | None,
-    limit: int = 0,
 ) -> WrkResult:
-    """One wrk run; with `limit`, it stops after that many responses (or `seconds`)."""
+    """One wrk run of `seconds` (whole seconds, at least 1)."""
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
-        script.write(lua_script(body, headers, limit))
+        script.write(lua_script(body, headers))
     command = [
         "wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s",
         f"--timeout={WRK_TIMEOUT}", "-s", script.name, url,

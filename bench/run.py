@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import datetime
 import importlib.util
+import math
 import os
 import shutil
 import subprocess
@@ -45,7 +46,6 @@ JSON_PATH = "/v1/chat/completions"
 STREAM_PATH = "/stream/v1/chat/completions"  # nginx's stream location (the floor keeps paths)
 HIGH_LIMITS = {"requests_per_minute": 10**9, "tokens_per_minute": 10**12}  # counted, never refusing
 POOL = {"max_connections": 100, "max_keepalive": 100}  # the same pool size as the floor's client
-MEMORY_CAP_SECONDS = 300  # the top-up to N requests stops here whatever the count
 RELAY_CONCURRENCY = 32
 ALL_CONTENDERS = tuple(report.CONTENDERS)
 
@@ -58,13 +58,14 @@ class Profile:
     first_chunk_streams: int
     relay_seconds: float
     memory_requests: int
+    memory_cap_seconds: float  # sending the memory run's requests stops here whatever the count
     contenders: tuple[str, ...]
 
 
 PROFILES = {
-    "full": Profile("full", 10, 2, 200, 10, 100_000, ALL_CONTENDERS),
-    "quick": Profile("quick", 3, 1, 100, 3, 20_000, ALL_CONTENDERS),
-    "smoke": Profile("smoke", 1, 1, 20, 1, 2_000, ("direct", "floor", "upstream", "echo")),
+    "full": Profile("full", 10, 2, 200, 10, 100_000, 300, ALL_CONTENDERS),
+    "quick": Profile("quick", 3, 1, 100, 3, 20_000, 90, ALL_CONTENDERS),
+    "smoke": Profile("smoke", 1, 1, 20, 1, 500, 10, ("direct", "floor", "upstream", "echo")),
 }
 TOOLS = {
     "nginx": "apt-get install nginx",
@@ -186,9 +187,9 @@ class Bench:
         if chunks < STREAM_CHUNKS - 1:
             raise RuntimeError(f"{url} streamed {chunks} chunks, expected about {STREAM_CHUNKS}")
 
-    def wrk(self, server: Server, url: str, connections: int, seconds: float, limit: int = 0, **headers: str):
+    def wrk(self, server: Server, url: str, connections: int, seconds: float, **headers: str):
         cpu, started = server.cpu_seconds(), time.monotonic()
-        result = load.wrk(url, self.body, headers, connections, seconds, self.cores.load, limit)
+        result = load.wrk(url, self.body, headers, connections, seconds, self.cores.load)
         busy = (server.cpu_seconds() - cpu) / (time.monotonic() - started)
         return result, busy
 
@@ -300,13 +301,18 @@ class Bench:
             self.results["streaming"]["errors"]["relay"] = f"{type(error).__name__}: {error}"
             self.say(f"relay: {error}")
         counted = sum(run.requests for run in runs)
-        remaining = self.profile.memory_requests - counted
-        if remaining > 0:
+        rate = max(runs[-1].rps, 1.0)
+        deadline = time.monotonic() + self.profile.memory_cap_seconds
+        while counted < self.profile.memory_requests and time.monotonic() < deadline:
+            # wrk has no request count: run it for the time the rest should take, until reached
+            remaining = self.profile.memory_requests - counted
+            seconds = min(math.ceil(remaining / rate), max(1, deadline - time.monotonic()))
             self.say(f"memory: {remaining:,} more requests to reach {self.profile.memory_requests:,}")
-            more, _ = self.wrk(server, server.url + JSON_PATH, 32, MEMORY_CAP_SECONDS, limit=remaining)
+            more, _ = self.wrk(server, server.url + JSON_PATH, 32, seconds)
             if more.errors:
                 raise RuntimeError(f"{more.errors} errors while sending the memory run's requests")
             counted += more.requests
+            rate = max(more.rps, 1.0)
         memory.update(requests=counted, after_mb=megabytes(server.rss_bytes()))
         self.say(
             f"memory: idle {memory['idle_mb']:.1f} MB, warm {memory['warm_mb']:.1f} MB, "

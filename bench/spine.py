@@ -60,8 +60,17 @@ def start(app: str, port: int, factory: bool) -> subprocess.Popen:
 def wrk(url: str, connections: int, seconds: int, script: Path) -> dict[str, float]:
     output = subprocess.run(
         [
-            "taskset", "-c", "1", "wrk", "-t1", f"-c{connections}", f"-d{seconds}s",
-            "--latency", "-s", str(script), url,
+            "taskset",
+            "-c",
+            "1",
+            "wrk",
+            "-t1",
+            f"-c{connections}",
+            f"-d{seconds}s",
+            "--latency",
+            "-s",
+            str(script),
+            url,
         ],  # fmt: skip
         capture_output=True,
         text=True,

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import os
+import sys
 
 from starlette.types import ASGIApp
 
 from gateway.app import create_app
-from gateway.config import load_settings
+from gateway.config import ConfigError, load_settings
 
 
 def create() -> ASGIApp:
-    return create_app(load_settings(os.environ.get("CHATGATE_CONFIG") or None))
+    try:
+        return create_app(load_settings(os.environ.get("CHATGATE_CONFIG") or None))
+    except ConfigError as error:  # say what is wrong, not a traceback
+        print(f"chatgate: {error}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None

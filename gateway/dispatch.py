@@ -55,16 +55,25 @@ class Dispatcher:
         deadline = started + config.timeouts.total
         attempts = 0
         tried: set[str] = set()
+        busy_until: dict[str, float] = {}
         last_error: GatewayError | None = None
-        for live in deployment.chain():
+        chain = deployment.chain()
+        for live in chain:
             while attempts < config.retries.attempts:
                 replica = live.pick(tried, self.rng)
+                if replica is None and live is chain[-1]:
+                    replica = live.pick(set(), self.rng)  # nowhere else to go: try one again
                 if replica is None:
                     break
+                if replica.name in busy_until:  # it said when to come back; wait if we can
+                    wait = busy_until.pop(replica.name) - time.monotonic()
+                    if wait > 0:
+                        await asyncio.sleep(wait)
                 attempts += 1
                 tried.add(replica.name)
                 trace.deployment, trace.replica = live.name, replica.name
                 replica.started()
+                begun = time.monotonic()
                 self.metrics.replica_health(live.name, replica)
                 events = replica.backend.generate(request)
                 try:
@@ -73,11 +82,16 @@ class Dispatcher:
                         "time to first token",
                     )  # fmt: skip
                 except RETRYABLE as error:
-                    await self.failed(live, replica, events, error)
+                    # a busy replica (429) is not a broken one: no mark against its health
+                    await self.failed(
+                        live, replica, events, error, broken=not isinstance(error, TooManyRequests)
+                    )
                     last_error = error
                     wait = retry_after(error)
                     if time.monotonic() + wait >= budget_ends or attempts >= config.retries.attempts:
-                        break
+                        raise
+                    if wait:
+                        busy_until[replica.name] = time.monotonic() + wait
                     trace.retries += 1
                     self.metrics.retry(live.name)
                     continue
@@ -85,7 +99,7 @@ class Dispatcher:
                     replica.finished_without_verdict()
                     await events.aclose()
                     raise
-                async for event in self.relay(live, replica, events, first, deadline, trace):
+                async for event in self.relay(live, replica, events, first, deadline, trace, begun):
                     yield event
                 return
         if last_error is not None:
@@ -104,6 +118,7 @@ class Dispatcher:
         first: Event | None,
         deadline: float,
         trace: RequestTrace,
+        begun: float,
     ) -> AsyncIterator[Event]:
         """The rest of a stream that has begun: idle and total timeouts, health verdict."""
         idle = live.config.timeouts.idle
@@ -132,13 +147,21 @@ class Dispatcher:
             replica.finished_without_verdict()
             await events.aclose()
             raise
-        replica.succeeded()
+        replica.succeeded(time.monotonic() - begun)
         self.metrics.replica_health(live.name, replica)
 
     async def failed(
-        self, live: LiveDeployment, replica: Replica, events: AsyncIterator[Event], error: GatewayError
+        self,
+        live: LiveDeployment,
+        replica: Replica,
+        events: AsyncIterator[Event],
+        error: GatewayError,
+        broken: bool = True,
     ) -> None:
-        replica.failed()
+        if broken:
+            replica.failed()
+        else:
+            replica.finished_without_verdict()
         self.metrics.upstream_error(live.name, replica.name, error)
         self.metrics.replica_health(live.name, replica)
         await events.aclose()

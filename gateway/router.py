@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field
 
 from backends import Backend, Capabilities, create_backend
-from gateway.config import Deployment
+from gateway.config import ConfigError, Deployment
 from gateway.errors import NotFound
 from gateway.policy.capabilities import effective
 from gateway.policy.limits import Bucket, buckets_for
@@ -30,6 +30,7 @@ class Replica:
     consecutive_failures: int = 0
     ejected_until: float = 0.0
     probing: bool = False
+    latency: float = 0.0  # moving average of recent successful requests, in seconds
 
     def available(self, now: float) -> bool:
         """Healthy, or out of its cool-down and not already being probed."""
@@ -46,8 +47,9 @@ class Replica:
         if not self.healthy:
             self.probing = True  # this request is the probe
 
-    def succeeded(self) -> None:
+    def succeeded(self, seconds: float) -> None:
         self.outstanding -= 1
+        self.latency = seconds if not self.latency else 0.7 * self.latency + 0.3 * seconds
         self.consecutive_failures = 0
         self.probing = False
 
@@ -89,14 +91,16 @@ class LiveDeployment:
         return any(r.healthy for r in self.replicas)
 
     def pick(self, exclude: set[str], rng: random.Random) -> Replica | None:
-        """Power of two choices: two weighted random available replicas, the less loaded wins."""
+        """Power of two choices: two weighted random available replicas; the one with fewer
+        outstanding requests per weight wins, and on a tie the one that has been faster."""
         now = time.monotonic()
         candidates = [r for r in self.replicas if r.name not in exclude and r.available(now)]
         if len(candidates) <= 1:
             return candidates[0] if candidates else None
-        weights = [r.weight for r in candidates]
-        first, second = rng.choices(candidates, weights=weights, k=2)
-        return min((first, second), key=lambda r: (r.outstanding + 1) / r.weight)
+        first = rng.choices(candidates, weights=[r.weight for r in candidates])[0]
+        others = [r for r in candidates if r is not first]
+        second = rng.choices(others, weights=[r.weight for r in others])[0]
+        return min((first, second), key=lambda r: ((r.outstanding + 1) / r.weight, r.latency))
 
     def chain(self) -> list[LiveDeployment]:
         """This deployment, then its fallbacks in preference order."""
@@ -120,16 +124,16 @@ class Router:
 
     @staticmethod
     def build(config: Deployment) -> LiveDeployment:
-        replicas = [
-            Replica(
-                name=name,
-                weight=weight,
-                backend=create_backend(config.backend, config.served_model, options),
-                failures_to_eject=config.health.failures,
-                cooldown=config.health.cooldown,
-            )
-            for name, weight, options in config.replica_options()
-        ]
+        replicas = []
+        for name, weight, options in config.replica_options():
+            try:
+                backend = create_backend(config.backend, config.served_model, options)
+            except (ValueError, TypeError, OSError, ImportError) as error:
+                raise ConfigError(
+                    f"deployment {config.name!r}, replica {name!r}: the {config.backend} backend "
+                    f"cannot start: {error}"
+                ) from None
+            replicas.append(Replica(name, weight, backend, config.health.failures, config.health.cooldown))
         return LiveDeployment(config, replicas)
 
     def model_names(self) -> list[str]:

@@ -46,7 +46,6 @@ BOOLEAN_KEYWORDS = frozenset(
     {"nullable", "x-nullable", "deprecated", "readOnly", "writeOnly", "uniqueItems", "additionalProperties"}
 )
 NOT_SCHEMA_KEYWORDS = frozenset({"nullable", "x-nullable", "example", "examples", "discriminator", "xml"})
-REMOVE = object()  # a Deviation value: delete what the pointer names
 
 # What a body is, for the validators: a whole completion, one stream chunk, an error body, …
 COMPLETION, CHUNK, ERROR = "completion", "chunk", "error"
@@ -171,7 +170,7 @@ class Deviation:
 
     schema: str  # the vendor schema's name
     pointer: str  # a JSON pointer inside it ("/properties/object/enum")
-    value: Any  # what is written there; REMOVE deletes it
+    value: Any  # what is written there
     why: str
 
     @property
@@ -183,10 +182,7 @@ class Deviation:
         target = schemas[self.schema]
         for part in parents:
             target = target[int(part)] if isinstance(target, list) else target[part]
-        if self.value is REMOVE:
-            del target[last]
-        else:
-            target[last] = copy.deepcopy(self.value)
+        target[last] = copy.deepcopy(self.value)
 
 
 @dataclass(frozen=True)
@@ -216,6 +212,15 @@ OPENAI = VendorDocument(
         "model_list": "ListModelsResponse",
         "request": "CreateChatCompletionRequest",
     },
+    deviations=(
+        Deviation(
+            "CreateChatCompletionResponse",
+            "/properties/system_fingerprint/type",
+            ["string", "null"],
+            "The seed's logprobs example sends `system_fingerprint: null` (the real service omits the "
+            "deprecated field or sends a string); chatgate itself never sends it.",
+        ),
+    ),
 )
 
 AZURE = VendorDocument(
@@ -244,12 +249,6 @@ AZURE = VendorDocument(
             "(the SDK's model has it optional).",
         ),
         Deviation(
-            "StreamingChatCompletionsUpdate",
-            "/properties/choices/minItems",
-            REMOVE,
-            "The document wants at least one choice per chunk; the final usage-only chunk has none.",
-        ),
-        Deviation(
             "StreamingChatResponseMessageUpdate",
             "/properties/content",
             {"type": ["string", "null"]},
@@ -261,6 +260,18 @@ AZURE = VendorDocument(
             [],
             "A streamed tool call arrives in fragments: later ones carry only `index` and more "
             "`arguments`, so no field can be required in each.",
+        ),
+        Deviation(
+            "StreamingChatResponseToolCallUpdate",
+            "/properties/function",
+            {"type": "object", "properties": {"name": {"type": "string"}, "arguments": {"type": "string"}}},
+            "Later fragments of a streamed tool call carry more `arguments` without the `name`.",
+        ),
+        Deviation(
+            "ChatCompletionsOptions",
+            "/properties/stop",
+            {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
+            "The seed's request example sends `stop` as one string; the document only has a list.",
         ),
         Deviation(
             "ModelInfo",
@@ -283,6 +294,36 @@ ALEPH_ALPHA = VendorDocument(
     file="aleph-alpha/aleph-alpha-api-4.7.0.chat-completions.extract.json",
     schemas_at=("components", "schemas"),
     kinds={COMPLETION: "ChatResponse", CHUNK: "ChatResponse", "request": "ChatRequest"},
+    deviations=(
+        Deviation(
+            "ChatResponseMessage",
+            "/properties/finish_reason",
+            {"type": ["string", "null"], "enum": ["stop", "length", "content_filter", None]},
+            "The document's own description: when streaming, `finish_reason` is set only in the last "
+            "chunk of a completion and null otherwise; the schema forgot `nullable`.",
+        ),
+        Deviation(
+            "ChatResponseMessage",
+            "/properties/logprobs/type",
+            ["object", "null"],
+            "The document's own description and example: `logprobs` is null when not requested (its "
+            'example sends "null") and at the end of a stream; the schema forgot `nullable`.',
+        ),
+        Deviation(
+            "ChatResponse",
+            "/properties/usage/type",
+            ["object", "null"],
+            "The document's own description: when streaming, `usage` is null except in the "
+            "usage-only chunk that include_usage adds; the schema forgot `nullable`.",
+        ),
+        Deviation(
+            "ChatResponse",
+            "/properties/system_fingerprint/type",
+            ["string", "null"],
+            "The document's own description: when streaming, `system_fingerprint` is set only in the "
+            "last chunk and null otherwise; the schema forgot `nullable`.",
+        ),
+    ),
     not_checked={
         ERROR: "The extract documents no error body (only the 200 answer).",
     },

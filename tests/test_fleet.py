@@ -1,0 +1,273 @@
+"""Fault injection against real sockets on loopback: failover, retries, timeouts, keep-alive,
+circuit breaking, load balancing, metrics — asserted as the OpenAI and Azure clients see them."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+import yaml
+
+from tests.fault_upstream import FaultUpstream
+from tests.servers import free_port, running_gateway
+
+DIALECTS = ["openai", "azure"]
+URLS = {"openai": "/v1/chat/completions", "azure": "/azure/chat/completions?api-version=2024-05-01-preview"}
+USER = [{"role": "user", "content": "hello"}]
+
+
+def replicas(*urls: str) -> list[dict[str, Any]]:
+    return [{"name": f"r{i}", "options": {"base_url": url}} for i, url in enumerate(urls)]
+
+
+def deployment(name: str, urls: list[str], **settings: Any) -> dict[str, Any]:
+    return {"name": name, "backend": "openai-compatible", "replicas": replicas(*urls), **settings}
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[FaultUpstream]:
+    with FaultUpstream() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def gateway(upstream: FaultUpstream, tmp_path_factory, log_dir: Path) -> Iterator[str]:
+    closed = f"http://127.0.0.1:{free_port()}/v1"
+    u = upstream.base_url
+    never_eject = {"failures": 1000}
+    deployments = [
+        deployment("failover", [closed, u("ok")], health={"failures": 1, "cooldown": 600}),
+        deployment("refused", [closed], health=never_eject),
+        deployment("reset", [u("reset")], health=never_eject, retries={"attempts": 1}),
+        deployment("stall", [u("stall")], health=never_eject, retries={"attempts": 1},
+                   timeouts={"first_token": 1.5, "keepalive": 0.3}),
+        deployment("stall-mid", [u("stall-mid")], health=never_eject, timeouts={"idle": 1.0}),
+        deployment("malformed", [u("malformed")], health=never_eject),
+        deployment("flaky", [u("flaky")]),
+        deployment("busy-pair", [u("busy"), u("ok")], health=never_eject),
+        deployment("busy", [u("busy")], health=never_eject, retries={"attempts": 2}),
+        deployment("balance", [u("ok"), u("slow-300")]),
+        deployment("heal", [u("fail"), u("ok")], health={"failures": 2, "cooldown": 1.5}),
+        deployment("primary-down", [closed], fallback=["backup"], health=never_eject),
+        deployment("backup", [u("ok")]),
+    ]  # fmt: skip
+    config = tmp_path_factory.mktemp("fleet") / "config.yaml"
+    config.write_text(yaml.safe_dump({"deployments": deployments}))
+    with running_gateway(log_dir, config) as url:
+        yield url
+
+
+def post(gateway: str, dialect: str, model: str, stream: bool = False, timeout: float = 30) -> httpx.Response:
+    body = {"model": model, "messages": USER, "stream": stream}
+    return httpx.post(f"{gateway}{URLS[dialect]}", json=body, timeout=timeout)
+
+
+def error_of(dialect: str, body: dict) -> str:
+    return body["error"]["message"] if dialect == "openai" else body["message"]
+
+
+def sse_events(text: str) -> list[Any]:
+    return [
+        line.removeprefix("data: ") if line == "data: [DONE]" else orjson.loads(line.removeprefix("data: "))
+        for line in text.split("\n")
+        if line.startswith("data: ")
+    ]
+
+
+def finish_reasons(events: list[Any]) -> list[str]:
+    return [
+        c["finish_reason"]
+        for e in events
+        if isinstance(e, dict)
+        for c in e.get("choices", [])
+        if c.get("finish_reason")
+    ]
+
+
+def metrics(gateway: str) -> dict[str, float]:
+    values = {}
+    for line in httpx.get(f"{gateway}/metrics").text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            values[name] = float(value)
+    return values
+
+
+def open_fds(gateway: str) -> int:
+    port = int(gateway.rsplit(":", 1)[1])
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if f"--port\0{port}\0".encode() in cmdline:
+                return len(os.listdir(f"/proc/{pid}/fd"))
+    raise AssertionError("gateway process not found")
+
+
+@pytest.fixture(scope="module")
+def baseline_fds(gateway: str) -> int:
+    for dialect in DIALECTS:
+        post(gateway, dialect, "backup")
+        post(gateway, dialect, "backup", stream=True)
+    return open_fds(gateway)
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_refused_connection_fails_over_to_the_next_replica(gateway, dialect, baseline_fds):
+    responses = [post(gateway, dialect, "failover") for _ in range(6)]
+    assert [r.status_code for r in responses] == [200] * 6
+    assert all("fine answer" in r.text for r in responses)
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_refused_connection_with_no_other_replica_is_503_in_shape(gateway, dialect):
+    response = post(gateway, dialect, "refused")
+    assert response.status_code == 503
+    assert error_of(dialect, response.json())
+    if dialect == "azure":
+        assert response.headers["x-ms-error-code"]
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_fallback_to_another_deployment(gateway, dialect):
+    response = post(gateway, dialect, "primary-down")
+    assert response.status_code == 200 and "fine answer" in response.text
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_reset_mid_stream_ends_with_an_error_event(gateway, dialect):
+    response = post(gateway, dialect, "reset", stream=True)
+    assert response.status_code == 200
+    events = sse_events(response.text)
+    assert events[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert "error" in events[-1] if dialect == "openai" else events[-1]["status"] == 502
+    assert finish_reasons(events) == []  # nothing invented
+    assert "[DONE]" not in events
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_stall_before_first_token_sends_keepalives_then_times_out(gateway, dialect):
+    started = time.monotonic()
+    response = post(gateway, dialect, "stall", stream=True)
+    elapsed = time.monotonic() - started
+    assert response.status_code == 200
+    assert response.text.count(": keep-alive\n\n") >= 2
+    events = sse_events(response.text)
+    assert len(events) == 1 and "did not answer in time" in error_of(dialect, events[0])
+    assert 1.4 < elapsed < 10
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_stall_before_first_token_without_stream_is_504(gateway, dialect):
+    response = post(gateway, dialect, "stall")
+    assert response.status_code == 504
+    assert "time to first token" in error_of(dialect, response.json())
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_stall_mid_stream_hits_the_idle_timeout(gateway, dialect):
+    response = post(gateway, dialect, "stall-mid", stream=True)
+    events = sse_events(response.text)
+    assert events[1]["choices"][0]["delta"]["content"] == "fine"
+    assert "idle between chunks" in error_of(dialect, events[-1])
+    assert finish_reasons(events) == []
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_malformed_json_is_502_in_shape(gateway, dialect):
+    response = post(gateway, dialect, "malformed")
+    assert response.status_code == 502
+    assert error_of(dialect, response.json())
+
+
+def test_500_then_200_is_retried_and_seen_once(gateway, upstream):
+    before = upstream.counts["flaky"]
+    response = post(gateway, "openai", "flaky")
+    assert response.status_code == 200 and "fine answer" in response.text
+    assert upstream.counts["flaky"] - before == 2
+    assert metrics(gateway)['chatgate_retries_total{deployment="flaky"}'] == 1
+    again = post(gateway, "azure", "flaky")
+    assert again.status_code == 200 and upstream.counts["flaky"] - before == 3
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_429_is_retried_on_another_replica(gateway, dialect, upstream):
+    responses = [post(gateway, dialect, "busy-pair") for _ in range(4)]
+    assert all(r.status_code == 200 for r in responses)
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_429_everywhere_is_passed_on_with_retry_after(gateway, dialect, upstream):
+    before = upstream.counts["busy"]
+    started = time.monotonic()
+    response = post(gateway, dialect, "busy")
+    assert response.status_code == 429
+    assert response.headers["retry-after"] == "1"
+    assert upstream.counts["busy"] - before == 2
+    assert time.monotonic() - started >= 1.0  # the second try waited as told
+
+
+def test_load_balancing_prefers_the_fast_replica(gateway, upstream):
+    before_fast, before_slow = upstream.counts["ok"], upstream.counts["slow-300"]
+    with ThreadPoolExecutor(8) as pool:
+        statuses = list(pool.map(lambda _: post(gateway, "openai", "balance").status_code, range(48)))
+    assert statuses == [200] * 48
+    fast, slow = upstream.counts["ok"] - before_fast, upstream.counts["slow-300"] - before_slow
+    assert fast + slow == 48
+    assert fast > 2 * slow, (fast, slow)
+
+
+def test_an_ejected_replica_gets_nothing_until_it_recovers(gateway, upstream):
+    before = upstream.counts["fail"]
+    for _ in range(10):
+        assert post(gateway, "openai", "heal").status_code == 200
+    failed = upstream.counts["fail"] - before
+    assert failed == 2  # two consecutive failures eject it; then it is left alone
+    values = metrics(gateway)
+    assert values['chatgate_replica_healthy{deployment="heal",replica="r0"}'] == 0
+    httpx.post(f"{upstream.url}/control/heal/fail", content=b"")
+    time.sleep(1.6)  # the cool-down passes: the next pick may probe it
+    for _ in range(20):
+        assert post(gateway, "openai", "heal").status_code == 200
+    assert upstream.counts["fail"] - before > failed  # probed, recovered, used again
+    assert metrics(gateway)['chatgate_replica_healthy{deployment="heal",replica="r0"}'] == 1
+
+
+def test_ready_reports_a_deployment_without_healthy_replicas(gateway):
+    for _ in range(2):
+        post(gateway, "openai", "failover")
+    ready = httpx.get(f"{gateway}/ready")
+    # `failover` still has a healthy replica; `refused` never ejects (failures: 1000)
+    assert ready.status_code == 200, ready.text
+
+
+def test_nothing_is_left_behind(gateway, upstream, baseline_fds):
+    values = metrics(gateway)
+    assert values["chatgate_requests_in_flight"] == 0
+    # the gateway hung up on every stalled or broken upstream request
+    for behaviour in ("stall", "stall-mid", "reset"):
+        assert upstream.counts[behaviour] > 0
+        assert upstream.answering[behaviour] == 0, behaviour
+    # what stays open is the connection pools: bounded, not growing with the faults
+    assert open_fds(gateway) <= baseline_fds + 30
+
+
+def test_metrics_names_follow_conventions(gateway):
+    text = httpx.get(f"{gateway}/metrics").text
+    for name in (
+        "chatgate_requests_total", "chatgate_request_duration_seconds_bucket",
+        "gen_ai_server_time_to_first_token_seconds_bucket", "gen_ai_usage_tokens_total",
+        "chatgate_upstream_errors_total", "chatgate_retries_total", "chatgate_requests_in_flight",
+        "chatgate_replica_healthy",
+    ):  # fmt: skip
+        assert re.search(rf"^{name}\b", text, re.M), name
