@@ -270,7 +270,7 @@ def draw_chart(results: Results, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     keys = [k for k in CONTENDERS if point(results, k, 1) or point(results, k, 32)]
-    labels = [CONTENDERS[k].replace(", ", ",\n").replace(" → ", "\n→ ") for k in keys]
+    labels = [CONTENDERS[k].replace(", ", ",\n").replace(" → ", "\n→ ").replace(" (", "\n(") for k in keys]
     positions = range(len(keys))
     figure_, (left, right) = plt.subplots(1, 2, figsize=(14, 5.5))
     width = 0.38

@@ -566,7 +566,7 @@ class ChatCompletionResponseMessage(BaseModel):
     ]
     refusal: Annotated[
         str | None, Field(description="The refusal, when the model refused.")
-    ] = None
+    ]
     tool_calls: Annotated[
         list[ChatCompletionMessageToolCall] | None,
         Field(description="The tool calls the model made."),
@@ -699,7 +699,7 @@ class ChatCompletionChoiceLogprobs(BaseModel):
     refusal: Annotated[
         list[ChatCompletionTokenLogprob] | None,
         Field(description="One entry per refusal token."),
-    ] = None
+    ]
 
 
 class ChatCompletionStreamChoice(BaseModel):

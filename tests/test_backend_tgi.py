@@ -85,6 +85,8 @@ def tgi() -> Iterator[TGIStandIn]:
 @pytest.fixture(scope="module")
 def gateway(tgi: TGIStandIn, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     directory = tmp_path_factory.mktemp("tgi-gateway")
+    # One try per request and no ejection: each TGI failure reaches the client as the backend maps it.
+    one_try = {"retries": {"attempts": 1}, "health": {"failures": 1_000_000}}
     config = {
         "deployments": [
             {
@@ -93,21 +95,25 @@ def gateway(tgi: TGIStandIn, tmp_path_factory: pytest.TempPathFactory) -> Iterat
                 "models": ["*"],
                 "extra_parameters": "pass-through",
                 "options": {"url": tgi.url, "timeout": 10, "modalities": ["text", "image"]},
+                **one_try,
             },
             {
                 "name": "tiny-generate",
                 "backend": "tgi",
                 "options": {"url": tgi.url, "use_messages_api": False, "timeout": 10},
+                **one_try,
             },
             {
                 "name": "tiny-slow",
                 "backend": "tgi",
                 "options": {"url": tgi.url, "timeout": 0.5},
+                **one_try,
             },
             {
                 "name": "tiny-down",
                 "backend": "tgi",
                 "options": {"url": f"http://127.0.0.1:{free_port()}", "timeout": 5},
+                **one_try,
             },
         ]
     }

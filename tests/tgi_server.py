@@ -1,5 +1,6 @@
 """A Text Generation Inference stand-in for tests: TGI's routes on loopback, deterministic, and
-checked against TGI's own OpenAPI document (`shared/refspecs/tgi-openapi.json`).
+checked against TGI's own OpenAPI document (`shared/refspecs/tgi-openapi.json`, found as
+`gateway.vendor_specs` finds the refspecs: `$CHATGATE_REFSPECS` or `shared/` beside the repository).
 
 Every request body it receives and every response body and stream event it sends is validated
 against the refspec's schemas; a mismatch is recorded in `failures` (the tests assert there are
@@ -47,8 +48,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from backends.echo import instance_for
+from gateway.vendor_specs import REFSPECS_ENV, default_refspecs_dir
 
-REFSPEC = Path("/work/shared/refspecs/tgi-openapi.json")
+REFSPEC_FILE = "tgi-openapi.json"
 MODEL_ID = "chatgate/tiny-tgi-stand-in"
 VERSION = "3.3.6"
 BOS, EOS = "<s>", "</s>"
@@ -83,7 +85,14 @@ def with_nullable(schema: Any) -> Any:
 class RefSpec:
     """Validators for the refspec's component schemas, read with OpenAPI 3.0 (Draft 4) semantics."""
 
-    def __init__(self, path: Path = REFSPEC) -> None:
+    def __init__(self, path: Path | None = None) -> None:
+        if path is None:
+            refspecs = default_refspecs_dir()
+            if refspecs is None:
+                raise RuntimeError(
+                    f"TGI's refspec is needed: set ${REFSPECS_ENV} to the shared/refspecs folder"
+                )
+            path = refspecs / REFSPEC_FILE
         document = json.loads(path.read_text(encoding="utf-8"))
         self.components = with_nullable(document["components"])
         self.validators: dict[str, Draft4Validator] = {}

@@ -1,0 +1,74 @@
+"""/metrics counts exactly what was sent, by dialect, deployment and status — also when the
+gateway runs several worker processes."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from tests.servers import running_gateway
+
+CONFIG = """
+deployments:
+  - name: counted
+    backend: echo
+  - name: other
+    backend: echo
+"""
+AZURE = "/azure/chat/completions?api-version=2024-05-01-preview"
+# (path, body, expected status)
+MIX = (
+    [("/v1/chat/completions", {"model": "counted", "messages": [{"role": "user", "content": "a"}]}, 200)] * 7
+    + [("/v1/chat/completions", {"model": "counted", "messages": [{"role": "user", "content": "a"}],
+                                  "stream": True}, 200)] * 3
+    + [(AZURE, {"model": "other", "messages": [{"role": "user", "content": "b"}]}, 200)] * 4
+    + [("/v1/chat/completions", {"model": "nope", "messages": [{"role": "user", "content": "a"}]}, 404)] * 2
+    + [("/v1/chat/completions", {"model": "counted", "messages": "not a list"}, 400)] * 5
+    + [("/v1/chat/completions", {"model": "counted", "messages": [{"role": "user", "content": "a"}],
+                                  "surprise": 1}, 400)] * 3
+)  # fmt: skip
+EXPECTED = {
+    'chatgate_requests_total{deployment="counted",dialect="openai",status="200"}': 10,
+    'chatgate_requests_total{deployment="other",dialect="azure",status="200"}': 4,
+    'chatgate_requests_total{deployment="none",dialect="openai",status="404"}': 2,
+    'chatgate_requests_total{deployment="none",dialect="openai",status="400"}': 5,
+    'chatgate_requests_total{deployment="counted",dialect="openai",status="400"}': 3,
+}
+
+
+def scrape(url: str) -> dict[str, float]:
+    values = {}
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line.startswith("chatgate_requests_total{") or line.startswith("gen_ai_usage_tokens_total"):
+            name, _, value = line.rpartition(" ")
+            values[name] = float(value)
+    return values
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_counters_match_what_was_sent(tmp_path, log_dir, workers):
+    config = tmp_path / "config.yaml"
+    config.write_text(CONFIG)
+    with running_gateway(log_dir, config, "--workers", str(workers)) as url:
+
+        def send(item):
+            path, body, status = item
+            response = httpx.post(f"{url}{path}", json=body, timeout=30)
+            assert response.status_code == status, response.text
+            return response
+
+        with ThreadPoolExecutor(6) as pool:
+            responses = list(pool.map(send, MIX))
+        assert len(responses) == len(MIX)
+        values = scrape(url)
+        counted = {k: v for k, v in values.items() if k.startswith("chatgate_requests_total")}
+        assert counted == EXPECTED
+        # the ten `counted` answers (seven whole, three streamed) are the same echo
+        usage = responses[0].json()["usage"]
+        output = values['gen_ai_usage_tokens_total{deployment="counted",type="output"}']
+        assert output == 10 * usage["completion_tokens"]
+        assert values['gen_ai_usage_tokens_total{deployment="counted",type="input"}'] == (
+            10 * usage["prompt_tokens"]
+        )
