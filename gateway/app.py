@@ -15,6 +15,7 @@ import connexion
 import orjson
 from connexion.exceptions import ProblemException
 from connexion.lifecycle import ConnexionRequest, ConnexionResponse
+from connexion.middleware import MiddlewarePosition
 from connexion.options import SwaggerUIOptions
 from connexion.resolver import Resolver
 from starlette.exceptions import HTTPException
@@ -26,6 +27,7 @@ from gateway.config import Settings
 from gateway.dialects import DIALECTS
 from gateway.dialects.base import REQUEST_ID_SCOPE_KEY, Dialect
 from gateway.errors import GatewayError, InternalError, error_for_status
+from gateway.fast_path import ChatFastPath
 from gateway.middleware import GatewayMiddleware
 from gateway.policy.auth import open_access_security_map
 from gateway.runtime import Runtime
@@ -101,6 +103,8 @@ def create_app(settings: Settings) -> ASGIApp:
         swagger_ui_options=SwaggerUIOptions(swagger_ui=True, serve_spec=True),
     )
     mounts = DialectMounts()
+    chat_handlers: dict[tuple[str, str], Any] = {}
+    app.add_middleware(ChatFastPath, MiddlewarePosition.BEFORE_CONTEXT, handlers=chat_handlers)
 
     async def health(request: Request) -> Response:
         """Liveness: the process answers."""
@@ -139,6 +143,8 @@ def create_app(settings: Settings) -> ASGIApp:
             resolver=Resolver(function_resolver=resolve),
         )
         mounts.add(mount, dialect)
+        for operation_id in dialect_cls.chat_operations:
+            chat_handlers[(mount, operation_id)] = dialect.chat
 
     def render_error(request: ConnexionRequest, exc: Exception) -> ConnexionResponse:
         error = as_gateway_error(exc)

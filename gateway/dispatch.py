@@ -33,8 +33,11 @@ def retry_after(error: GatewayError) -> float:
 
 
 async def next_event(events: AsyncIterator[Event], timeout: float, what: str) -> Event | None:
+    # asyncio.timeout, not wait_for: no task per event, and the timer covers only the wait
+    # for the upstream (a slow client must not look like a slow model)
     try:
-        return await asyncio.wait_for(anext(events, None), timeout)
+        async with asyncio.timeout(timeout):
+            return await anext(events, None)
     except TimeoutError:
         raise GatewayTimeout(
             f"The model did not answer in time ({what}: {timeout:g}s).", code="UpstreamTimeout"

@@ -1,6 +1,7 @@
 """A Text Generation Inference stand-in for tests: TGI's routes on loopback, deterministic, and
-checked against TGI's own OpenAPI document (`shared/refspecs/tgi-openapi.json`, found as
-`gateway.vendor_specs` finds the refspecs: `$CHATGATE_REFSPECS` or `shared/` beside the repository).
+checked against TGI's own OpenAPI document, `tgi-openapi.json` in the shared refspecs (located
+the way `gateway.vendor_specs` locates them: `$CHATGATE_REFSPECS`, or `shared/refspecs` beside
+the repository).
 
 Every request body it receives and every response body and stream event it sends is validated
 against the refspec's schemas; a mismatch is recorded in `failures` (the tests assert there are

@@ -48,7 +48,7 @@ class AlephAlpha(Dialect):
     missing_logprob = -9999.0
 
     async def create_chat_completion(self):
-        return await self.chat()
+        return await self.chat_operation()
 
     def check_request(self, request: ChatRequest) -> None:
         check_message_order(request.messages)

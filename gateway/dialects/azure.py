@@ -45,7 +45,7 @@ class Azure(Dialect):
     chat_operations = ("getChatCompletions",)
 
     async def get_chat_completions(self, api_version: str) -> Response:
-        return await self.chat()
+        return await self.chat_operation()
 
     async def get_model_info(self, api_version: str) -> Response:
         from connexion.context import scope

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import orjson
-from connexion.context import context as request_context
 from connexion.context import scope as request_scope
 from starlette.datastructures import Headers
 from starlette.responses import Response, StreamingResponse
+from starlette.types import Scope
 
 from gateway.canonical import (
     ChatRequest,
@@ -337,15 +337,19 @@ class Dialect:
             code="DeploymentNotAllowed",
         )
 
-    async def chat(self) -> Response:
-        """Read → policy → route → generate → render, for the current request."""
-        scope = request_scope._get_current_object()
+    async def chat_operation(self) -> Response:
+        """The chat operation as Connexion calls it (see gateway.fast_path for the usual way)."""
+        return await self.chat(request_scope._get_current_object())
+
+    async def chat(self, scope: Scope) -> Response:
+        """Read → policy → route → generate → render, for the request in `scope`."""
         headers = Headers(scope=scope)
         trace: RequestTrace = scope[TRACE_SCOPE_KEY]
         request = self.read_request(scope[BODY_SCOPE_KEY], headers)
         trace.stream = request.stream
         self.check_request(request)
-        caller = request_context.get("token_info", {}).get("caller") or Caller(None)
+        token_info = scope.get("extensions", {}).get("connexion_context", {}).get("token_info", {})
+        caller = token_info.get("caller") or Caller(None)
         admission = await self.runtime.admit(self, request, headers, caller, trace)
         deployment = admission.deployment
         events = self.runtime.generate(admission, request, trace)

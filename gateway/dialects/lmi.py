@@ -47,10 +47,10 @@ class LMI(Dialect):
     }
 
     async def create_chat_completion(self) -> Response:
-        return await self.chat()
+        return await self.chat_operation()
 
     async def invocations(self) -> Response:
-        return await self.chat()
+        return await self.chat_operation()
 
     async def ping(self) -> Response:
         return Response(orjson.dumps({"status": "Healthy"}), media_type=JSON)

@@ -18,7 +18,7 @@ class OpenAI(Dialect):
     chat_operations = ("createChatCompletion",)
 
     async def create_chat_completion(self) -> Response:
-        return await self.chat()
+        return await self.chat_operation()
 
     def forbidden_deployment(self, deployment: str) -> NotFound:
         return NotFound(
