@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from starlette.datastructures import Headers
-
 from gateway.canonical import ChatRequest
 from gateway.dialects.base import Dialect
 from gateway.errors import BadRequest, GatewayError
@@ -29,13 +27,6 @@ class OVMS(Dialect):
 
     async def create_chat_completion(self):
         return await self.chat_operation()
-
-    def read_request(self, body: dict[str, Any], headers: Headers) -> ChatRequest:
-        request = super().read_request(body, headers)
-        # OVMS's default: the stop string stays in the output when streaming, not otherwise
-        if request.stream:
-            request.options.setdefault("include_stop_str_in_output", True)
-        return request
 
     def check_request(self, request: ChatRequest) -> None:
         options = request.options
