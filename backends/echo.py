@@ -190,11 +190,17 @@ class EchoBackend:
                 yield Finish(index, "tool_calls")
                 continue
             tokens, reason = self.cut(text, request)
-            for position, token in enumerate(tokens):
-                logprobs = None
-                if request.logprobs:
-                    logprobs = [token_logprob(token, position, seed, request.top_logprobs)]
-                yield TextDelta(index, token, logprobs)
+            logprobs = None
+            if request.logprobs:
+                logprobs = [
+                    token_logprob(token, position, seed, request.top_logprobs)
+                    for position, token in enumerate(tokens)
+                ]
+            if not request.stream:  # nobody sees the pieces: one event per choice
+                yield TextDelta(index, "".join(tokens), logprobs)
+            else:
+                for position, token in enumerate(tokens):
+                    yield TextDelta(index, token, logprobs[position : position + 1] if logprobs else None)
             completion_tokens += len(tokens)
             yield Finish(index, reason)
         yield Usage(prompt_tokens, completion_tokens)

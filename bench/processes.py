@@ -73,7 +73,10 @@ class Server:
 
     def cpu_seconds(self) -> float:
         """User + system CPU time of the process and its live descendants (workers)."""
-        return sum(process_cpu_seconds(pid) for pid in process_tree(self.process.pid))
+        return sum(self.cpu_by_process().values())
+
+    def cpu_by_process(self) -> dict[int, float]:
+        return {pid: process_cpu_seconds(pid) for pid in process_tree(self.process.pid)}
 
     def log_tail(self, lines: int = 30) -> str:
         try:
@@ -147,3 +150,18 @@ def process_cpu_seconds(pid: int) -> float:
     fields = stat.rsplit(")", 1)[1].split()  # after "pid (comm)": state is field 3
     utime, stime = int(fields[11]), int(fields[12])  # fields 14 and 15 of proc(5)
     return (utime + stime) / CLOCK_TICKS
+
+
+def busy_share(seconds: float = 1.0) -> float:
+    """The share of all CPUs busy over `seconds` (other work on the machine makes figures noisy)."""
+
+    def sample() -> tuple[int, int]:
+        values = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        idle = values[3] + values[4]  # idle + iowait
+        return sum(values[:8]), idle
+
+    total, idle = sample()
+    time.sleep(seconds)
+    total_after, idle_after = sample()
+    elapsed = total_after - total
+    return 1 - (idle_after - idle) / elapsed if elapsed else 0.0

@@ -25,6 +25,7 @@ CONTENDERS = {  # key → label, in table order
 }
 STREAM_SOURCES = {"direct": "nginx, direct", "floor": "Python floor", "chatgate": "chatgate → nginx"}
 
+BUSY_WARNING = 0.10  # share of all CPUs busy before the run above which figures are noisy
 Results = dict[str, Any]
 
 
@@ -175,6 +176,11 @@ def render(results: Results) -> str:
         f"chatgate bench · {meta['mode']} · {meta['seconds_per_point']:g} s per point · "
         f"servers on CPU {meta['server_cores']}, wrk/nginx/clients on CPU {meta['load_cores']} · "
         f"{meta['started']}",
+        *(
+            [f"the machine was {meta['busy_before']:.0%} busy before the run: figures are noisy"]
+            if meta.get("busy_before", 0) > BUSY_WARNING
+            else []
+        ),
         "",
         f"{'HTTP: POST /v1/chat/completions':<34}{'c=1':^31}  {'c=32':^31}",
         f"{'contender':<34}" + f"{'req/s':>9}{'p50 ms':>8}{'p99 ms':>8}{'cpu':>6}  " * 2,
@@ -207,6 +213,12 @@ def render(results: Results) -> str:
     if flagged:
         lines.append("! errors or non-2xx answers (figure not used): " + "; ".join(flagged))
     lines.append("cpu: the server's CPU time (all its processes) / wall time; 100% = one core busy")
+    for key, entry in results["http"].items():
+        for c, figures in (entry.get("points") or {}).items():
+            shares = [share for share in figures.get("server_cpu_by_process", ()) if share >= 0.01]
+            if key != "direct" and len(shares) > 1:
+                split = " + ".join(f"{share:.0%}" for share in shares)
+                lines.append(f"    {CONTENDERS[key]}, c={c}: cpu by process {split}")
 
     streaming = results.get("streaming") or {}
     first_chunk = streaming.get("first_chunk") or {}
@@ -243,6 +255,10 @@ def render(results: Results) -> str:
                 f"{memory['warm_mb']:.1f} MB · after {memory['requests']:,} more requests "
                 f"{memory['after_mb']:.1f} MB",
             ]
+            if memory["requests"] < memory["target_requests"]:
+                lines.append(
+                    f"    (short of the {memory['target_requests']:,} aimed at: the time cap came first)"
+                )
 
     lines += ["", f"{'ratio':<42}{'value':>12}  {'goal':<12}verdict"]
     for row in results["ratios"]:

@@ -38,7 +38,15 @@ import orjson
 import yaml
 
 from bench import load, report
-from bench.processes import Server, accepts_connections, answers_health, free_port, pinned, start_server
+from bench.processes import (
+    Server,
+    accepts_connections,
+    answers_health,
+    busy_share,
+    free_port,
+    pinned,
+    start_server,
+)
 from bench.upstream import REQUEST, STREAM_CHUNKS, STREAM_REQUEST, nginx_command, write_nginx_files
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,7 +72,7 @@ class Profile:
 
 PROFILES = {
     "full": Profile("full", 10, 2, 200, 10, 100_000, 300, ALL_CONTENDERS),
-    "quick": Profile("quick", 3, 1, 100, 3, 20_000, 90, ALL_CONTENDERS),
+    "quick": Profile("quick", 3, 1, 100, 3, 20_000, 120, ALL_CONTENDERS),
     "smoke": Profile("smoke", 1, 1, 20, 1, 500, 10, ("direct", "floor", "upstream", "echo")),
 }
 TOOLS = {
@@ -187,11 +195,15 @@ class Bench:
         if chunks < STREAM_CHUNKS - 1:
             raise RuntimeError(f"{url} streamed {chunks} chunks, expected about {STREAM_CHUNKS}")
 
-    def wrk(self, server: Server, url: str, connections: int, seconds: float, **headers: str):
-        cpu, started = server.cpu_seconds(), time.monotonic()
+    def wrk(
+        self, server: Server, url: str, connections: int, seconds: float, **headers: str
+    ) -> tuple[load.WrkResult, float, list[float]]:
+        """A wrk run, the server's CPU use (1.0 = one core) and, per process, the busiest first."""
+        cpu, started = server.cpu_by_process(), time.monotonic()
         result = load.wrk(url, self.body, headers, connections, seconds, self.cores.load)
-        busy = (server.cpu_seconds() - cpu) / (time.monotonic() - started)
-        return result, busy
+        elapsed = time.monotonic() - started
+        shares = [(used - cpu.get(pid, 0.0)) / elapsed for pid, used in server.cpu_by_process().items()]
+        return result, sum(shares), sorted(shares, reverse=True)
 
     def measure_http(
         self,
@@ -209,8 +221,10 @@ class Bench:
             after_warmup()
         points, runs = {}, []
         for count in connections:
-            result, busy = self.wrk(server, url, count, self.profile.seconds, **headers)
+            result, busy, by_process = self.wrk(server, url, count, self.profile.seconds, **headers)
             points[str(count)] = {**result.as_dict(), "server_cpu": busy}
+            if len(by_process) > 1:
+                points[str(count)]["server_cpu_by_process"] = by_process
             runs.append(result)
             errors = f", {result.errors} ERRORS" if result.errors else ""
             self.say(
@@ -308,12 +322,16 @@ class Bench:
             remaining = self.profile.memory_requests - counted
             seconds = min(math.ceil(remaining / rate), max(1, deadline - time.monotonic()))
             self.say(f"memory: {remaining:,} more requests to reach {self.profile.memory_requests:,}")
-            more, _ = self.wrk(server, server.url + JSON_PATH, 32, seconds)
+            more, _, _ = self.wrk(server, server.url + JSON_PATH, 32, seconds)
             if more.errors:
                 raise RuntimeError(f"{more.errors} errors while sending the memory run's requests")
             counted += more.requests
             rate = max(more.rps, 1.0)
-        memory.update(requests=counted, after_mb=megabytes(server.rss_bytes()))
+        memory.update(
+            requests=counted,
+            target_requests=self.profile.memory_requests,
+            after_mb=megabytes(server.rss_bytes()),
+        )
         self.say(
             f"memory: idle {memory['idle_mb']:.1f} MB, warm {memory['warm_mb']:.1f} MB, "
             f"after {counted:,} requests {memory['after_mb']:.1f} MB"
@@ -405,6 +423,9 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print("python -m bench needs, and does not install:\n  " + "\n  ".join(missing), file=sys.stderr)
         return 2
+    busy = busy_share()
+    if busy > report.BUSY_WARNING:
+        print(f"bench: the machine is already {busy:.0%} busy: figures will be noisy", file=sys.stderr)
     cores = Cores.pick()
     if cores.load is None:
         print("bench: one CPU only: nothing is pinned, figures mix server and load", file=sys.stderr)
@@ -423,6 +444,7 @@ def main(argv: list[str] | None = None) -> int:
             "seconds_per_point": profile.seconds,
             "memory_requests": profile.memory_requests,
             "cpus": os.cpu_count(),
+            "busy_before": round(busy, 3),
             "server_cores": cores.server or "any",
             "load_cores": cores.load or "any",
             "python": sys.version.split()[0],

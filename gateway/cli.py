@@ -105,5 +105,49 @@ def keys_new(
     typer.echo(f'  - {{name: "{name}", sha256: "{sha256}", deployments: [{deployments}]}}')
 
 
+@cli.command()
+def conformance(
+    url: Annotated[
+        str,
+        typer.Argument(
+            help="Base URL of the dialect's API, where its paths begin "
+            "(chatgate: http://HOST:PORT/v1, /azure, /aleph-alpha, /lmi or /v3; or a real upstream)."
+        ),
+    ],
+    dialect: Annotated[
+        str, typer.Option(help="The document to test against: openai | azure | aleph_alpha | lmi | ovms.")
+    ] = "openai",
+    max_examples: Annotated[int, typer.Option(min=1, help="Generated cases per operation and phase.")] = 20,
+    key: Annotated[
+        str | None,
+        typer.Option(
+            envvar="CHATGATE_KEY", help="A key, sent as `Authorization: Bearer` (env CHATGATE_KEY)."
+        ),
+    ] = None,
+    header: Annotated[
+        list[str] | None, typer.Option(help="Another header for every request, 'Name: value' (repeat).")
+    ] = None,
+    refspecs: Annotated[
+        Path | None,
+        typer.Option(help="Folder of vendor documents (default: $CHATGATE_REFSPECS, else shared/refspecs)."),
+    ] = None,
+) -> None:
+    """Test a running endpoint against a dialect's document: every schemathesis check, plus the
+    vendor's own document. Exits 0 when clean, 1 on any failure, 2 when it cannot run."""
+    from gateway.conformance_run import ConformanceUnavailable, render, run
+
+    headers = {}
+    for item in header or []:
+        name, _, value = item.partition(":")
+        headers[name.strip()] = value.strip()
+    try:
+        report = run(url, dialect, max_examples, key=key, headers=headers, refspecs=refspecs)
+    except ConformanceUnavailable as error:
+        typer.echo(f"chatgate conformance: {error}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(render(report))
+    raise typer.Exit(0 if report.clean else 1)
+
+
 def main() -> None:
     cli()

@@ -32,16 +32,55 @@ def retry_after(error: GatewayError) -> float:
         return 0.0
 
 
-async def next_event(events: AsyncIterator[Event], timeout: float, what: str) -> Event | None:
-    # asyncio.timeout, not wait_for: no task per event, and the timer covers only the wait
-    # for the upstream (a slow client must not look like a slow model)
-    try:
-        async with asyncio.timeout(timeout):
+class Watchdog:
+    """Times the waits for an upstream's next event with one timer per stream, not one per event.
+
+    Only the wait for the upstream is timed (a slow client must not look like a slow model);
+    the timer is re-armed lazily, when it fires and finds the deadline has moved on.
+    """
+
+    def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.handle: asyncio.TimerHandle | None = None
+        self.deadline = 0.0
+        self.waiting: asyncio.Task | None = None
+        self.fired = False
+
+    async def next(self, events: AsyncIterator[Event], timeout: float, what: str) -> Event | None:
+        self.deadline = self.loop.time() + timeout
+        if self.handle is None or self.handle.when() > self.deadline:
+            if self.handle is not None:
+                self.handle.cancel()
+            self.handle = self.loop.call_at(self.deadline, self.check)
+        self.waiting = asyncio.current_task()
+        try:
             return await anext(events, None)
-    except TimeoutError:
-        raise GatewayTimeout(
-            f"The model did not answer in time ({what}: {timeout:g}s).", code="UpstreamTimeout"
-        ) from None
+        except asyncio.CancelledError:
+            if not self.fired:
+                raise
+            self.fired = False
+            if self.waiting is not None:
+                self.waiting.uncancel()
+            raise GatewayTimeout(
+                f"The model did not answer in time ({what}: {timeout:g}s).", code="UpstreamTimeout"
+            ) from None
+        finally:
+            self.waiting = None
+
+    def check(self) -> None:
+        self.handle = None
+        if self.waiting is None:
+            return  # not waiting now: the next wait re-arms
+        if self.loop.time() >= self.deadline:
+            self.fired = True
+            self.waiting.cancel()
+        else:
+            self.handle = self.loop.call_at(self.deadline, self.check)
+
+    def stop(self) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
 
 
 class Dispatcher:
@@ -79,12 +118,14 @@ class Dispatcher:
                 begun = time.monotonic()
                 self.metrics.replica_health(live.name, replica)
                 events = replica.backend.generate(request)
+                watchdog = Watchdog()
                 try:
-                    first = await next_event(
+                    first = await watchdog.next(
                         events, min(live.config.timeouts.first_token, deadline - time.monotonic()),
                         "time to first token",
                     )  # fmt: skip
                 except RETRYABLE as error:
+                    watchdog.stop()
                     # a busy replica (429) is not a broken one: no mark against its health
                     await self.failed(
                         live, replica, events, error, broken=not isinstance(error, TooManyRequests)
@@ -99,10 +140,12 @@ class Dispatcher:
                     self.metrics.retry(live.name)
                     continue
                 except BaseException:
+                    watchdog.stop()
                     replica.finished_without_verdict()
                     await events.aclose()
                     raise
-                async for event in self.relay(live, replica, events, first, deadline, trace, begun):
+                relayed = self.relay(live, replica, events, first, deadline, trace, begun, watchdog)
+                async for event in relayed:
                     yield event
                 return
         if last_error is not None:
@@ -122,6 +165,7 @@ class Dispatcher:
         deadline: float,
         trace: RequestTrace,
         begun: float,
+        watchdog: Watchdog,
     ) -> AsyncIterator[Event]:
         """The rest of a stream that has begun: idle and total timeouts, health verdict."""
         idle = live.config.timeouts.idle
@@ -138,18 +182,22 @@ class Dispatcher:
                 if remaining <= 0:
                     raise GatewayTimeout("The request took longer than its total time.", code="TotalTimeout")
                 what = "idle between chunks" if idle <= remaining else "total time"
-                event = await next_event(events, min(idle, remaining), what)
+                event = await watchdog.next(events, min(idle, remaining), what)
         except RETRYABLE as error:
+            watchdog.stop()
             await self.failed(live, replica, events, error)
             raise
         except GatewayError:
+            watchdog.stop()
             replica.finished_without_verdict()
             await events.aclose()
             raise
         except BaseException:  # the client went away (GeneratorExit, cancellation)
+            watchdog.stop()
             replica.finished_without_verdict()
             await events.aclose()
             raise
+        watchdog.stop()
         replica.succeeded(time.monotonic() - begun)
         self.metrics.replica_health(live.name, replica)
 

@@ -193,12 +193,11 @@ class VendorDocument:
     file: str
     schemas_at: tuple[str, ...]  # where the document keeps its schemas
     kinds: dict[str, str]  # body kind → vendor schema name
+    answers: dict[tuple[str, str], str]  # (method, path in our document) → what its 200 JSON is
     deviations: tuple[Deviation, ...] = ()
     # bodies the vendor's document describes differently in kind, not in detail: not checked
     not_checked: dict[str, str] = field(default_factory=dict)
 
-
-NULL = {"type": "null"}
 
 OPENAI = VendorDocument(
     dialect="openai",
@@ -211,6 +210,11 @@ OPENAI = VendorDocument(
         "model": "Model",
         "model_list": "ListModelsResponse",
         "request": "CreateChatCompletionRequest",
+    },
+    answers={
+        ("post", "/chat/completions"): COMPLETION,
+        ("get", "/models"): "model_list",
+        ("get", "/models/{model}"): "model",
     },
     deviations=(
         Deviation(
@@ -233,6 +237,7 @@ AZURE = VendorDocument(
         "model_info": "ModelInfo",
         "request": "ChatCompletionsOptions",
     },
+    answers={("post", "/chat/completions"): COMPLETION, ("get", "/info"): "model_info"},
     deviations=(
         Deviation(
             "StreamingChatCompletionsUpdate",
@@ -294,6 +299,7 @@ ALEPH_ALPHA = VendorDocument(
     file="aleph-alpha/aleph-alpha-api-4.7.0.chat-completions.extract.json",
     schemas_at=("components", "schemas"),
     kinds={COMPLETION: "ChatResponse", CHUNK: "ChatResponse", "request": "ChatRequest"},
+    answers={("post", "/chat/completions"): COMPLETION},
     deviations=(
         Deviation(
             "ChatResponseMessage",
@@ -330,6 +336,42 @@ ALEPH_ALPHA = VendorDocument(
 )
 
 VENDOR_DOCUMENTS = {doc.dialect: doc for doc in (OPENAI, AZURE, ALEPH_ALPHA)}
+
+
+# ----- reading an answer off the wire ---------------------------------------------------------
+
+
+def stream_payloads(content: bytes, complete: bool = True) -> list[str]:
+    """The `data:` payloads of a server-sent event stream; a cut-off last event is left out."""
+    text = content.decode("utf-8", errors="replace")
+    if not complete:
+        text = text[: text.rfind("\n\n") + 1]
+    return [line[5:].strip() for line in text.splitlines() if line.startswith("data:")]
+
+
+def answer_bodies(
+    vendor: VendorDocument,
+    method: str,
+    path: str,
+    status: int,
+    media_type: str,
+    content: bytes,
+    complete: bool,
+) -> list[tuple[str, Any]]:
+    """(kind, body) for each JSON body or stream chunk of one answer that the vendor describes."""
+    if media_type == "text/event-stream":
+        found = []
+        for payload in stream_payloads(content, complete):
+            if payload == "[DONE]":
+                continue
+            chunk = json.loads(payload)
+            is_error = isinstance(chunk, dict) and "error" in chunk and "choices" not in chunk
+            found.append((ERROR if is_error else CHUNK, chunk))
+        return found
+    if media_type != "application/json" or not content:
+        return []
+    kind = ERROR if status >= 400 else vendor.answers.get((method.lower(), path)) if status == 200 else None
+    return [] if kind is None else [(kind, json.loads(content))]
 
 
 # ----- validators -----------------------------------------------------------------------------
@@ -389,9 +431,31 @@ class VendorSpecs:
         found = refspecs_dir or default_refspecs_dir()
         return cls(found) if found is not None and found.is_dir() else None
 
-    @staticmethod
-    def covers(dialect: str) -> bool:
-        return dialect in VENDOR_DOCUMENTS
+    def answer_errors(
+        self,
+        dialect: str,
+        method: str,
+        path: str,
+        status: int,
+        media_type: str,
+        content: bytes,
+        complete: bool = True,
+    ) -> list[str]:
+        """How one answer of an operation of our document (`path` as the document writes it)
+        breaks the vendor's document; [] when it conforms or the vendor does not describe it."""
+        vendor = VENDOR_DOCUMENTS.get(dialect)
+        if vendor is None:
+            return []
+        try:
+            bodies = answer_bodies(vendor, method, path, status, media_type, content, complete)
+        except ValueError as error:
+            return [f"the body is not JSON: {error}"]
+        return [
+            message
+            for kind, body in bodies
+            if kind not in vendor.not_checked
+            for message in self.errors(dialect, kind, body)
+        ]
 
     def errors(self, dialect: str, kind: str, body: Any, without: str | None = None) -> list[str]:
         """How `body` breaks the vendor's schema for `kind`; [] when it conforms or is not described."""

@@ -197,7 +197,7 @@ class ChatRequest(BaseModel):
         ),
     ] = None
     response_format: Annotated[
-        Any | None,
+        None,
         Field(
             deprecated=True,
             description="Unsupported; a request that sets it is rejected (400).",
@@ -243,21 +243,21 @@ class ChatRequest(BaseModel):
         ),
     ] = 1
     tools: Annotated[
-        Any | None,
+        None,
         Field(
             deprecated=True,
             description="Unsupported; a request that sets it is rejected (400).",
         ),
     ] = None
     tool_choice: Annotated[
-        Any | None,
+        None,
         Field(
             deprecated=True,
             description="Unsupported; a request that sets it is rejected (400).",
         ),
     ] = None
     parallel_tool_calls: Annotated[
-        Any | None,
+        None,
         Field(
             deprecated=True,
             description="Unsupported; a request that sets it is rejected (400).",

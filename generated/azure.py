@@ -629,10 +629,9 @@ class ChatCompletionsOptions(BaseModel):
         | ChatCompletionsResponseFormatJsonSchema
         | None,
         Field(
-            description="The form of the answer: `text` (default), `json_object` (JSON mode: the\nanswer is valid JSON; also ask for JSON in a message) or `json_schema`\n(the answer follows the given JSON schema). A JSON answer may be cut off\nwhen `finish_reason` is `length`.\n",
-            validate_default=True,
+            description="The form of the answer: `text` (default), `json_object` (JSON mode: the\nanswer is valid JSON; also ask for JSON in a message) or `json_schema`\n(the answer follows the given JSON schema). A JSON answer may be cut off\nwhen `finish_reason` is `length`.\n"
         ),
-    ] = {"type": "text"}
+    ] = None
     tools: Annotated[
         list[ChatCompletionsToolDefinition] | None,
         Field(

@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel
-from typing_extensions import TypeAliasType
 
 
 class Stop(RootModel[list[str]]):
@@ -18,32 +17,6 @@ class Stop(RootModel[list[str]]):
             min_length=0,
         ),
     ]
-
-
-LogitBiasAdditionalProperty = TypeAliasType(
-    "LogitBiasAdditionalProperty", Annotated[int, Field(ge=-100, le=100)]
-)
-
-
-class ResponseFormat(BaseModel):
-    """
-    Unsupported per the seed (structured output). The gateway rejects it.
-    """
-
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: dict[str, Any] | None = None
-
-
-class FunctionCall(BaseModel):
-    """
-    Unsupported by OVMS (deprecated OpenAI predecessor of tool_choice). The gateway rejects it.
-    """
-
-    name: str
-
-
-class StopTokenId(RootModel[int]):
-    root: Annotated[int, Field(ge=0, le=4294967295)]
 
 
 class ChatCompletionStreamOptions(BaseModel):
@@ -113,7 +86,7 @@ class ChatCompletionNamedToolChoice(BaseModel):
     function: Function1
 
 
-class FunctionCall1(BaseModel):
+class FunctionCall(BaseModel):
     """
     Deprecated; not sent by OVMS.
     """
@@ -216,7 +189,7 @@ class ChatCompletionResponseMessage(BaseModel):
         ),
     ] = None
     function_call: Annotated[
-        FunctionCall1 | None, Field(description="Deprecated; not sent by OVMS.")
+        FunctionCall | None, Field(description="Deprecated; not sent by OVMS.")
     ] = None
 
 
@@ -528,110 +501,96 @@ class CreateChatCompletionRequest(BaseModel):
         ),
     ] = None
     logit_bias: Annotated[
-        dict[str, LogitBiasAdditionalProperty] | None,
+        None,
         Field(
             description="Unsupported by OVMS (OpenAI token-id → bias map). The gateway rejects it."
         ),
     ] = None
     top_logprobs: Annotated[
-        int | None,
+        None,
         Field(
-            description="Unsupported by OVMS (only one logprob per token is returned). The gateway rejects it.",
-            ge=0,
-            le=20,
+            description="Unsupported by OVMS (only one logprob per token is returned). The gateway rejects it."
         ),
     ] = None
     response_format: Annotated[
-        ResponseFormat | None,
+        None,
         Field(
             description="Unsupported per the seed (structured output). The gateway rejects it."
         ),
     ] = None
     user: Annotated[
-        str | None,
+        None,
         Field(
             description="Unsupported by OVMS (end-user identifier). The gateway rejects it."
         ),
     ] = None
     function_call: Annotated[
-        Literal["none", "auto"] | FunctionCall | None,
+        None,
         Field(
             description="Unsupported by OVMS (deprecated OpenAI predecessor of tool_choice). The gateway rejects it."
         ),
     ] = None
     functions: Annotated[
-        list[FunctionObject] | None,
+        None,
         Field(
-            description="Unsupported by OVMS (deprecated OpenAI predecessor of tools). The gateway rejects it.",
-            max_length=128,
+            description="Unsupported by OVMS (deprecated OpenAI predecessor of tools). The gateway rejects it."
         ),
     ] = None
     min_p: Annotated[
-        float | None,
+        None,
         Field(
-            description="Unsupported by OVMS (vLLM min-p sampling). The gateway rejects it.",
-            ge=0.0,
-            le=1.0,
+            description="Unsupported by OVMS (vLLM min-p sampling). The gateway rejects it."
         ),
     ] = None
     use_beam_search: Annotated[
-        bool | None,
+        None,
         Field(
             description="Unsupported by OVMS; raise `best_of` above 1 to enable beam search instead. The gateway rejects it."
         ),
     ] = None
     early_stopping: Annotated[
-        bool | None,
+        None,
         Field(
             description="Unsupported by OVMS (vLLM beam-search stopping rule). The gateway rejects it."
         ),
     ] = None
     stop_token_ids: Annotated[
-        list[StopTokenId] | None,
+        None,
         Field(
             description="Unsupported by OVMS (vLLM stop token ids). The gateway rejects it."
         ),
     ] = None
     min_tokens: Annotated[
-        int | None,
+        None,
         Field(
-            description="Unsupported by OVMS (vLLM minimum generated tokens). The gateway rejects it.",
-            ge=0,
-            le=1048576,
+            description="Unsupported by OVMS (vLLM minimum generated tokens). The gateway rejects it."
         ),
     ] = None
     prompt_logprobs: Annotated[
-        int | None,
+        None,
         Field(
-            description="Unsupported by OVMS (vLLM prompt-token logprobs). The gateway rejects it.",
-            ge=0,
-            le=20,
+            description="Unsupported by OVMS (vLLM prompt-token logprobs). The gateway rejects it."
         ),
     ] = None
     detokenize: Annotated[
-        bool | None,
-        Field(description="Unsupported by OVMS (vLLM). The gateway rejects it."),
+        None, Field(description="Unsupported by OVMS (vLLM). The gateway rejects it.")
     ] = None
     skip_special_tokens: Annotated[
-        bool | None,
-        Field(description="Unsupported by OVMS (vLLM). The gateway rejects it."),
+        None, Field(description="Unsupported by OVMS (vLLM). The gateway rejects it.")
     ] = None
     spaces_between_special_tokens: Annotated[
-        bool | None,
-        Field(description="Unsupported by OVMS (vLLM). The gateway rejects it."),
+        None, Field(description="Unsupported by OVMS (vLLM). The gateway rejects it.")
     ] = None
     logits_processors: Annotated[
-        list[Any] | None,
+        None,
         Field(
             description="Unsupported by OVMS (vLLM logits processors). The gateway rejects it."
         ),
     ] = None
     truncate_prompt_tokens: Annotated[
-        int | None,
+        None,
         Field(
-            description="Unsupported by OVMS (vLLM prompt truncation). The gateway rejects it.",
-            ge=1,
-            le=1048576,
+            description="Unsupported by OVMS (vLLM prompt truncation). The gateway rejects it."
         ),
     ] = None
 

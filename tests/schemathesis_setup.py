@@ -20,3 +20,19 @@ def dialect_schema(name: str, app):
     schema = schemathesis.openapi.from_dict(document)
     schema.app = app
     return schema
+
+
+def dialect_tests(app, check) -> dict[str, object]:
+    """One schemathesis test per dialect (`test_openai`, …), each running `check(case)`."""
+    tests = {}
+    for name in SPEC_FILES:
+        schema = dialect_schema(name, app)
+
+        @schema.parametrize()
+        @EXAMPLES
+        def test(case):
+            check(case)
+
+        test.__name__ = f"test_{name}"
+        tests[test.__name__] = test
+    return tests

@@ -74,7 +74,8 @@ client = client_module.AuthenticatedClient(base_url=base_url, token=key, raise_o
 request = getattr(models, request_model).from_dict(json.loads(body))
 response = operation.sync_detailed(client=client, body=request, **json.loads(arguments))
 parsed = response.parsed
-print(json.dumps({"status": response.status_code, "model": type(parsed).__name__, "answer": parsed.to_dict()}))
+answer = {"status": response.status_code, "model": type(parsed).__name__, "answer": parsed.to_dict()}
+print(json.dumps(answer))
 """
 
 

@@ -15,7 +15,7 @@ from schemathesis.specs.openapi.checks import (
 from gateway.app import create_app
 from gateway.config import Key, Settings
 from gateway.policy.auth import new_key
-from tests.schemathesis_setup import EXAMPLES, dialect_schema
+from tests.schemathesis_setup import dialect_schema, dialect_tests
 
 KEY, KEY_SHA = new_key()
 APP = create_app(Settings(keys=[Key(name="conformance", sha256=KEY_SHA)]))
@@ -40,31 +40,4 @@ lmi = dialect_schema("lmi", APP)
 ovms = dialect_schema("ovms", APP)
 
 
-@openai.parametrize()
-@EXAMPLES
-def test_openai(case):
-    check(case)
-
-
-@azure.parametrize()
-@EXAMPLES
-def test_azure(case):
-    check(case)
-
-
-@aleph_alpha.parametrize()
-@EXAMPLES
-def test_aleph_alpha(case):
-    check(case)
-
-
-@lmi.parametrize()
-@EXAMPLES
-def test_lmi(case):
-    check(case)
-
-
-@ovms.parametrize()
-@EXAMPLES
-def test_ovms(case):
-    check(case)
+globals().update(dialect_tests(APP, check))

@@ -66,10 +66,15 @@ TOOLS = [
         "function": {
             "name": "get_weather",
             "description": "The weather in a city.",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
         },
     }
 ]
+NAMED_TOOL = {"type": "function", "function": {"name": "get_weather"}}
 JSON_SCHEMA_FORMAT = {
     "type": "json_schema",
     "json_schema": {
@@ -93,7 +98,10 @@ CONFIG = {
             "backend": "echo",
             "capabilities": {"modalities": ["text"], "unsupported_parameters": ["tools", "logprobs"]},
         },
-        *({"name": f"limited-{d}", "backend": "echo", "limits": {"requests_per_minute": 1}} for d in CHAT_PATHS),
+        *(
+            {"name": f"limited-{d}", "backend": "echo", "limits": {"requests_per_minute": 1}}
+            for d in CHAT_PATHS
+        ),
     ],
 }
 
@@ -147,7 +155,8 @@ def shared_cases(dialect: str) -> list[Case]:
              messages=({"role": "user", "content": "say forbidden-word"},)),
         Case(dialect, "400-extra-parameter", {"no_such_parameter": 1}, status=400),
         Case(dialect, "401-no-key", {}, status=401, with_key=False),
-        Case(dialect, "401-wrong-key", {}, status=401, headers={"authorization": "Bearer wrong"}, with_key=False),
+        Case(dialect, "401-wrong-key", {}, status=401, with_key=False,
+             headers={"authorization": "Bearer wrong"}),
         Case(dialect, "429-requests-per-minute", {}, status=429, model=f"limited-{dialect}", repeat=2),
     ]  # fmt: skip
 
@@ -156,13 +165,12 @@ CASES = [
     *shared_cases("openai"),
     Case("openai", "stream-include-usage", {"stream": True, "stream_options": {"include_usage": True}}),
     Case("openai", "n", {"n": 2}),
-    Case("openai", "n-stream-include-usage", {"n": 2, "stream": True, "stream_options": {"include_usage": True}}),
+    Case("openai", "n-stream-include-usage",
+         {"n": 2, "stream": True, "stream_options": {"include_usage": True}}),
     Case("openai", "logprobs", {"logprobs": True, "top_logprobs": 3}),
     Case("openai", "logprobs-stream", {"logprobs": True, "top_logprobs": 3, "stream": True}),
     Case("openai", "tools", {"tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": False}),
-    Case("openai", "tools-named-stream", {
-        "tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}, "stream": True,
-    }),
+    Case("openai", "tools-named-stream", {"tools": TOOLS, "tool_choice": NAMED_TOOL, "stream": True}),
     Case("openai", "legacy-functions", {"functions": [TOOLS[0]["function"]], "function_call": "auto"}),
     Case("openai", "json-object", {"response_format": {"type": "json_object"}}),
     Case("openai", "json-schema", {"response_format": JSON_SCHEMA_FORMAT, "max_completion_tokens": 50}),
@@ -178,9 +186,7 @@ CASES = [
     Case("openai", "404-model", status=404, path="/v1/models/no-such-model"),
     *shared_cases("azure"),
     Case("azure", "tools", {"tools": TOOLS, "tool_choice": "required"}),
-    Case("azure", "tools-named-stream", {
-        "tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}, "stream": True,
-    }),
+    Case("azure", "tools-named-stream", {"tools": TOOLS, "tool_choice": NAMED_TOOL, "stream": True}),
     Case("azure", "json-object", {"response_format": {"type": "json_object"}}),
     Case("azure", "json-schema", {"response_format": JSON_SCHEMA_FORMAT}),
     Case("azure", "json-schema-stream", {"response_format": JSON_SCHEMA_FORMAT, "stream": True}),
@@ -269,7 +275,12 @@ def test_answer_conforms_to_the_vendor_document(case: Case, answers: dict[str, A
 def test_the_corpus_reaches_every_documented_feature(answers: dict[str, Answer]):
     """Guards the corpus itself: each feature shows up in what came back."""
     for dialect in CHAT_PATHS:
-        bodies = [(kind, body) for case in CASES if case.dialect == dialect for kind, body in answers[case.id].bodies]
+        bodies = [
+            (kind, body)
+            for case in CASES
+            if case.dialect == dialect
+            for kind, body in answers[case.id].bodies
+        ]
         chunks = [b for kind, b in bodies if kind == CHUNK]
         completions = [b for kind, b in bodies if kind == COMPLETION and "choices" in b]
         finish = {c["finish_reason"] for b in completions + chunks for c in b["choices"]}
@@ -336,7 +347,7 @@ def test_vendor_documents_are_read_as_they_mean():
     penalty = aleph_alpha["ChatRequest"]["properties"]["frequency_penalty"]
     assert (penalty["minimum"], penalty["maximum"]) == (-2, 2)  # stored as "-2", "2"
     assert VENDORS.errors("aleph_alpha", "request", {"model": "m", "messages": [], "frequency_penalty": 3})
-    openai, dangling = vendor_schemas(VENDORS.refspecs_dir, "openai")
+    _openai, dangling = vendor_schemas(VENDORS.refspecs_dir, "openai")
     assert not dangling
     chunk = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m"}
     choice = {"index": 0, "delta": {"content": "x"}, "logprobs": None, "finish_reason": None}

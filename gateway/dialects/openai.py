@@ -7,6 +7,7 @@ from typing import Any
 import orjson
 from starlette.responses import Response
 
+from gateway.canonical import Choice
 from gateway.dialects.base import JSON, Dialect
 from gateway.errors import NotFound
 
@@ -19,6 +20,10 @@ class OpenAI(Dialect):
 
     async def create_chat_completion(self) -> Response:
         return await self.chat_operation()
+
+    def message_body(self, choice: Choice) -> dict[str, Any]:
+        # OpenAI always sends `refusal`, null when the model did not refuse
+        return {**super().message_body(choice), "refusal": None}
 
     def forbidden_deployment(self, deployment: str) -> NotFound:
         return NotFound(

@@ -1,0 +1,320 @@
+"""`chatgate conformance URL`: schemathesis with every check, plus the vendors' own documents,
+against any running endpoint of a dialect — chatgate or a real upstream — with a readable
+report. schemathesis is a test dependency, so it is imported only here, when the command runs.
+
+The document tested is the dialect's own, from openapi/. Parameters a document does not define
+are governed by the gateway's extra-parameters policy (OpenAI and Azure themselves refuse them
+by default), so generated bodies carry only the parameters the document defines; the policy has
+its own tests.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gateway.conformance import for_schemathesis, register_json_lines
+from gateway.dialects import DIALECTS
+from gateway.spec import DialectSpec, load_document
+from gateway.vendor_specs import VENDOR_DOCUMENTS, VendorSpecs
+
+VENDOR_CHECK = "vendor_spec_conformance"
+RUN_EXTENSION = "x-chatgate-conformance"  # how the check learns the run's dialect: read off the document
+SPEC_FILES = {dialect.name: dialect.spec_file for dialect in DIALECTS}
+MISSING = (
+    "chatgate conformance needs schemathesis, a test dependency: "
+    'python -m pip install -e ".[test]"  (or: python -m pip install schemathesis)'
+)
+
+
+class ConformanceUnavailable(RuntimeError):
+    """The run cannot start (schemathesis missing, the endpoint unreachable)."""
+
+
+@dataclass
+class Finding:
+    check: str
+    title: str
+    message: str
+    curl: str
+
+
+@dataclass
+class OperationResult:
+    label: str
+    cases: int = 0
+    findings: dict[tuple[str, str], Finding] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Report:
+    dialect: str
+    url: str
+    spec_file: str
+    vendor_file: str | None
+    max_examples: int
+    operations: dict[str, OperationResult] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+    def operation(self, label: str) -> OperationResult:
+        return self.operations.setdefault(label, OperationResult(label))
+
+    @property
+    def findings(self) -> list[tuple[str, Finding]]:
+        return [(op.label, f) for op in self.operations.values() for f in op.findings.values()]
+
+    @property
+    def clean(self) -> bool:
+        return not self.findings and not self.errors and not any(op.errors for op in self.operations.values())
+
+
+# ----- the vendor check -----------------------------------------------------------------------
+
+_vendors: dict[str, VendorSpecs] = {}  # refspecs folder → its documents, loaded once per process
+
+
+def vendor_spec_conformance(ctx: Any, response: Any, case: Any) -> bool | None:
+    """The answer is valid for the vendor's own document (shared/refspecs), where it has one."""
+    settings = case.operation.schema.raw_schema.get(RUN_EXTENSION)
+    if not settings or settings.get("refspecs") is None:
+        return None  # not a chatgate conformance run, or no vendor documents
+    vendors = _vendors.setdefault(settings["refspecs"], VendorSpecs(Path(settings["refspecs"])))
+    media_type = (response.headers.get("content-type") or [""])[0].split(";")[0].strip()
+    complete = not getattr(response, "stream_cut_short", False) and response.content_size <= len(
+        response.content
+    )
+    errors = vendors.answer_errors(
+        settings["dialect"],
+        case.operation.method,
+        case.operation.path,
+        response.status_code,
+        media_type,
+        response.content,
+        complete,
+    )
+    if errors:
+        shown = "\n".join(errors[:5]) + (f"\n… and {len(errors) - 5} more" if len(errors) > 5 else "")
+        raise AssertionError(f"The answer breaks {settings['vendor_file']}:\n{shown}")
+    return True
+
+
+def register_checks() -> None:
+    """Register the vendor check with schemathesis, once per process."""
+    import schemathesis
+    from schemathesis.checks import CHECKS
+
+    if VENDOR_CHECK not in CHECKS.get_all_names():
+        schemathesis.check(vendor_spec_conformance)
+    register_json_lines()
+
+
+# ----- running --------------------------------------------------------------------------------
+
+
+def defined_body_fields(document: dict[str, Any]) -> dict[tuple[str, str], frozenset[str]]:
+    """(METHOD, path) → the top-level properties its JSON request body defines."""
+    spec = DialectSpec(document, frozenset())
+    fields = {}
+    for path, item in document.get("paths", {}).items():
+        for method, operation in item.items():
+            if isinstance(operation, dict) and "requestBody" in operation:
+                schema = spec.request_schema(operation["operationId"])
+                fields[(method.upper(), path)] = frozenset(spec.properties(schema))
+    return fields
+
+
+# Rules a dialect's document states in prose that no OpenAPI 3.0 schema can express. Positive
+# cases are shaped to follow them, so that positive_data_acceptance judges everything else.
+Body = dict[str, Any]
+
+
+def aleph_alpha_message_order(body: Body) -> Body:
+    """One optional system message first, then user/assistant alternating, first and last user."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+        return body
+    head = messages[:1] if messages[0].get("role") == "system" and len(messages) > 1 else []
+    turns = [{**m, "role": "assistant" if i % 2 else "user"} for i, m in enumerate(messages[len(head) :])]
+    if len(turns) % 2 == 0:
+        turns = turns[:-1]  # end with a user message
+    return {**body, "messages": head + turns}
+
+
+def ovms_cross_field_rules(body: Body) -> Body:
+    """Streaming takes neither logprobs, best_of nor include_stop_str_in_output=false;
+    stream_options needs stream; best_of is at least n."""
+    body = dict(body)
+    if body.get("stream"):
+        for name in ("logprobs", "best_of"):
+            body.pop(name, None)
+        if body.get("include_stop_str_in_output") is False:
+            del body["include_stop_str_in_output"]
+    else:
+        body.pop("stream_options", None)
+    best_of, n = body.get("best_of"), body.get("n")
+    if isinstance(best_of, int) and isinstance(n, int) and best_of < n:
+        body["n"] = best_of
+    return body
+
+
+DOCUMENTED_RULES: dict[str, Callable[[Body], Body]] = {
+    "aleph_alpha": aleph_alpha_message_order,
+    "ovms": ovms_cross_field_rules,
+}
+
+
+def shape_cases(dialect: str, document: dict[str, Any]) -> Callable[[Any, Any], Any]:
+    """A schemathesis `map_case` hook: bodies carry only the parameters the document defines (the
+    rest is the extra-parameters policy's business), and positive bodies follow the rules the
+    document states in prose."""
+    from schemathesis.generation import GenerationMode
+
+    fields = defined_body_fields(document)
+    rules = DOCUMENTED_RULES.get(dialect)
+
+    def map_case(context: Any, case: Any) -> Any:
+        defined = fields.get((case.operation.method.upper(), case.operation.path))
+        if not defined or not isinstance(case.body, dict):
+            return case
+        case.body = {k: v for k, v in case.body.items() if k in defined}
+        positive = case.meta is None or case.meta.generation.mode == GenerationMode.POSITIVE
+        if rules is not None and positive:
+            case.body = rules(case.body)
+        return case
+
+    return map_case
+
+
+def load_schema(dialect: str, url: str, refspecs: Path | None, headers: dict[str, str], max_examples: int):
+    import schemathesis
+    from schemathesis.config import SchemathesisConfig
+
+    document = for_schemathesis(load_document(SPEC_FILES[dialect]), "")
+    vendor = VENDOR_DOCUMENTS.get(dialect)
+    document[RUN_EXTENSION] = {
+        "dialect": dialect,
+        "refspecs": str(refspecs) if refspecs is not None and vendor is not None else None,
+        "vendor_file": vendor.file if vendor is not None else None,
+    }
+    config = SchemathesisConfig()
+    # Keys stay hidden in the report, but `max_tokens` and friends are not secrets.
+    sanitization = config.output.sanitization
+    sanitization.sensitive_markers = tuple(m for m in sanitization.sensitive_markers if m != "token")
+    schema = schemathesis.openapi.from_dict(document, config=config)
+    schema.config.update(base_url=url.rstrip("/"), headers=headers or None)
+    schema.config.checks.update(included_check_names=["all"])
+    schema.config.generation.update(max_examples=max_examples, deterministic=True)
+    schema.hook("map_case")(shape_cases(dialect, document))
+    return schema
+
+
+def run(
+    url: str,
+    dialect: str = "openai",
+    max_examples: int = 20,
+    key: str | None = None,
+    headers: dict[str, str] | None = None,
+    refspecs: Path | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> Report:
+    """Run every schemathesis check and the vendor check against `url`, the base of the dialect's
+    API (where its paths begin: chatgate's /v1, /azure, /aleph-alpha, /lmi or /v3)."""
+    try:
+        from schemathesis.engine import Status, events, from_schema
+    except ImportError as error:
+        raise ConformanceUnavailable(MISSING) from error
+    if dialect not in SPEC_FILES:
+        raise ConformanceUnavailable(f"unknown dialect {dialect!r}; one of: {', '.join(SPEC_FILES)}")
+    reachable(url)
+    register_checks()
+    vendors = VendorSpecs.find(refspecs) if dialect in VENDOR_DOCUMENTS else None
+    request_headers = dict(headers or {})
+    if key:
+        request_headers["Authorization"] = f"Bearer {key}"
+    schema = load_schema(
+        dialect, url, vendors.refspecs_dir if vendors else None, request_headers, max_examples
+    )
+    report = Report(
+        dialect=dialect,
+        url=url,
+        spec_file=f"openapi/{SPEC_FILES[dialect]}",
+        vendor_file=VENDOR_DOCUMENTS[dialect].file if vendors else None,
+        max_examples=max_examples,
+    )
+    for event in from_schema(schema).execute():
+        if isinstance(event, events.ScenarioFinished):
+            recorder = event.recorder
+            result = report.operation(recorder.label)
+            result.cases += len(recorder.cases)
+            for checks in recorder.checks.values():
+                for check in checks:
+                    if check.status == Status.FAILURE and check.failure_info is not None:
+                        failure = check.failure_info.failure
+                        result.findings.setdefault(
+                            (check.name, failure.title),
+                            Finding(check.name, failure.title, str(failure.message or ""),
+                                    check.failure_info.code_sample),
+                        )  # fmt: skip
+            if progress is not None:
+                progress(f"  {event.phase.value:<9} {recorder.label}: {event.status.value}")
+        elif isinstance(event, events.NonFatalError):
+            target = report.operation(event.label).errors if event.related_to_operation else report.errors
+            message = f"{event.label}: {type(event.value).__name__}: {event.value}"
+            if message not in target:
+                target.append(message)
+        elif isinstance(event, events.FatalError):
+            report.errors.append(f"{type(event.exception).__name__}: {event.exception}")
+    return report
+
+
+def reachable(url: str) -> None:
+    import httpx
+
+    try:
+        httpx.get(url, timeout=5)
+    except httpx.HTTPError as error:
+        raise ConformanceUnavailable(f"cannot reach {url}: {error}") from None
+
+
+# ----- the report -----------------------------------------------------------------------------
+
+
+def render(report: Report) -> str:
+    vendor = report.vendor_file or "none (no machine-readable vendor document for this dialect)"
+    lines = [
+        f"chatgate conformance: {report.dialect} dialect at {report.url}",
+        f"  document: {report.spec_file}   vendor document: {vendor}",
+        f"  checks: every schemathesis check + {VENDOR_CHECK}   max examples: {report.max_examples}",
+        "",
+    ]
+    width = max((len(label) for label in report.operations), default=10)
+    for result in report.operations.values():
+        problems = len(result.findings) + len(result.errors)
+        verdict = "ok" if not problems else f"{problems} problem{'s' * (problems > 1)}"
+        lines.append(f"  {result.label:<{width}}  {result.cases:>5} cases  {verdict}")
+        for finding in result.findings.values():
+            lines.append(f"    FAILED {finding.check}: {finding.title}")
+            message = textwrap.shorten(" ".join(finding.message.split()), 300) if finding.message else ""
+            if message:
+                lines.append(f"      {message}")
+            for curl in finding.curl.strip().splitlines():
+                lines.append(f"      {curl.strip()}")
+        for error in result.errors:
+            lines.append(f"    ERROR {textwrap.shorten(error, 300)}")
+    for error in report.errors:
+        lines.append(f"  ERROR {textwrap.shorten(error, 300)}")
+    lines.append("")
+    if report.clean:
+        lines.append("result: conformant — no failures")
+    else:
+        named = sorted({f"{f.check} on {label}" for label, f in report.findings})
+        errors = len(report.errors) + sum(len(op.errors) for op in report.operations.values())
+        summary = f"{len(report.findings)} failure(s)"
+        if errors:
+            summary += f", {errors} error(s)"
+        lines.append(f"result: NOT conformant — {summary}: {'; '.join(named) or 'see errors above'}")
+    return "\n".join(lines)

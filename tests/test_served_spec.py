@@ -1,0 +1,39 @@
+"""The document a running gateway serves at `<mount>/openapi.json` is the committed one in
+openapi/, apart from `servers`, which names the mount it is served at."""
+
+from __future__ import annotations
+
+import httpx
+import orjson
+import pytest
+
+from gateway.config import Mounts
+from gateway.dialects import DIALECTS
+from gateway.spec import load_document
+
+MOUNTS = {dialect.name: getattr(Mounts(), dialect.name) for dialect in DIALECTS}
+
+
+def as_json(document: dict) -> dict:
+    """The document as JSON sees it (YAML may hold values JSON has no type for)."""
+    return orjson.loads(orjson.dumps(document))
+
+
+@pytest.mark.parametrize("dialect", DIALECTS, ids=lambda d: d.name)
+def test_served_document_is_the_committed_one(dialect, gateway_url: str):
+    mount = MOUNTS[dialect.name]
+    response = httpx.get(f"{gateway_url}{mount}/openapi.json", timeout=10)
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("application/json")
+    served = response.json()
+    assert served.pop("servers") == [{"url": mount}]
+    committed = as_json(load_document(dialect.spec_file))
+    committed.pop("servers")
+    assert served == committed
+
+
+@pytest.mark.parametrize("dialect", DIALECTS, ids=lambda d: d.name)
+def test_swagger_ui_still_answers(dialect, gateway_url: str):
+    response = httpx.get(f"{gateway_url}{MOUNTS[dialect.name]}/ui/", timeout=10)
+    assert response.status_code == 200
+    assert "openapi.json" in response.text
