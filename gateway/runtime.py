@@ -95,15 +95,23 @@ class Runtime:
             admission.headers = rate_headers(verdict.states)
         return admission
 
-    async def generate(
+    def generate(
         self, admission: Admission, request: ChatRequest, trace: RequestTrace
     ) -> AsyncIterator[Event]:
         """The backend's events (through retries, fallback and timeouts), screened by the output
-        filter; completion tokens are charged to the rate limits."""
+        filter; completion tokens are charged to the rate limits. Each stage is stacked only
+        when it has work to do: every layer costs something on every chunk."""
         events = self.dispatcher.events(admission.deployment, request, trace)
-        async for event in self.content_filter.screen(events):
-            if isinstance(event, Usage) and admission.buckets:
-                await self.limiter.charge(admission.buckets, event.completion_tokens)
+        if self.content_filter.output is not None:
+            events = self.content_filter.screen(events)
+        if admission.buckets:
+            events = self.charged(events, admission.buckets)
+        return events
+
+    async def charged(self, events: AsyncIterator[Event], buckets: list[Bucket]) -> AsyncIterator[Event]:
+        async for event in events:
+            if isinstance(event, Usage):
+                await self.limiter.charge(buckets, event.completion_tokens)
             yield event
 
     async def aclose(self) -> None:

@@ -48,10 +48,7 @@ class Filter:
 
     async def screen(self, events: AsyncIterator[Event]) -> AsyncIterator[Event]:
         """Pass events through, ending a choice at the first filtered text."""
-        if self.output is None:
-            async for event in events:
-                yield event
-            return
+        assert self.output is not None, "stack screen() only when there are output rules"
         seen: dict[int, str] = {}
         stopped: set[int] = set()
         async for event in events:
