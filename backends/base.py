@@ -32,6 +32,11 @@ def same_names(*names: str) -> dict[str, Param]:
     return {name: Param(name) for name in names}
 
 
+def unsupported(note: str, *names: str) -> dict[str, Param]:
+    """Table entries for parameters a backend cannot honour (a request setting one gets 422)."""
+    return {name: Param(None, note=note) for name in names}
+
+
 @dataclass(frozen=True, slots=True)
 class Capabilities:
     """What a backend (and the model behind it) can do; the policy layer reads this table.

@@ -129,7 +129,7 @@ class EchoBackend:
         response_formats=frozenset({"text", "json_object", "json_schema"}),
         max_n=128,
         max_top_logprobs=20,
-        context_length=1 << 20,
+        context_length=1 << 21,  # above the largest documented max_tokens plus a prompt
     )
 
     def __init__(self, model: str = "echo", **_: Any) -> None:

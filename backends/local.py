@@ -35,7 +35,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, DirectoryPath, Field, ValidationError
 
-from backends.base import Capabilities, Param
+from backends.base import Capabilities, Param, unsupported
 from gateway.canonical import ChatRequest, Event, Finish, TextDelta, TokenLogprob, TopLogprob, Usage
 from gateway.config import describe
 from gateway.errors import (
@@ -134,8 +134,15 @@ def parameter_table(context_length: int) -> dict[str, Param]:
         "tool_choice": Param(None, note="no tool-call parsing for local models"),
         "best_of": Param(None, note="no beam search"),
         "length_penalty": Param(None, note="no beam search"),
-        "typical_p": Param(None),
-    }
+        "typical_p": Param(None, note="not implemented in the decode loop"),
+        **unsupported(
+            "speculative and prompt-lookup decoding are not implemented",
+            "num_assistant_tokens", "assistant_confidence_threshold", "max_ngram_size",
+        ),
+        **unsupported("the local backend generates text only", "modalities", "audio", "prediction"),
+        "reasoning_effort": Param(None, note="no reasoning models' effort control"),
+        "parallel_tool_calls": Param(None, note="no tool-call parsing for local models"),
+    }  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,5 +1,6 @@
 """A backend for any upstream that speaks OpenAI chat completions (vLLM, SGLang, OVMS, DJL LMI,
-OpenAI itself, or another chatgate): one pooled HTTP client, streamed chunks relayed as they arrive.
+OpenAI itself, or another chatgate): one pooled aiohttp session, streamed chunks relayed as
+they arrive. aiohttp rather than httpx: httpx's pool degrades under concurrency (encode/httpx#3215).
 
 Upstream failures become gateway errors. The upstream's 401/403 means the gateway's own
 credentials are wrong, so the client gets a 502 that says nothing about them.
@@ -14,9 +15,11 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-import httpx
+import aiohttp
 import orjson
+from multidict import CIMultiDict
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from yarl import URL
 
 from backends.base import Capabilities, Param, same_names
 from gateway.canonical import (
@@ -82,6 +85,15 @@ FINISH_REASONS: dict[str, FinishReason] = {
     "stop_sequence": "stop_sequence",
 }
 DRAIN_AFTER_DONE_SECONDS = 0.5  # reading the stream's end after [DONE] keeps the connection alive
+# An idle pooled connection is closed before common servers drop it themselves (uvicorn: 5 s),
+# so a request rarely meets a connection the server is just closing.
+KEEPALIVE_SECONDS = 4.0
+# Sent with every request; an upstream answers uncompressed, so nothing needs decompressing.
+DEFAULT_HEADERS = {
+    "content-type": "application/json",
+    "accept-encoding": "identity",
+    "user-agent": "chatgate",
+}
 MESSAGE_LIMIT = 1000
 
 
@@ -106,7 +118,12 @@ class Options(BaseModel):
     )
     total: float = Field(default=600.0, gt=0, description="Seconds for the whole answer.")
     max_connections: int = Field(default=100, ge=1)
-    max_keepalive: int = Field(default=20, ge=0)
+    max_keepalive: int = Field(
+        default=20,
+        ge=0,
+        description="0 closes each connection after its request; otherwise idle connections are "
+        f"kept for reuse and closed after {KEEPALIVE_SECONDS:g} s (aiohttp caps them by age, not count).",
+    )
 
     @field_validator("base_url")
     @classmethod
@@ -128,37 +145,54 @@ class OpenAICompatibleBackend:
         self.capabilities = replace(
             CAPABILITIES, parameters={**CAPABILITIES.parameters, "max_tokens": Param(target)}
         )
-        self._client: httpx.AsyncClient | None = None
+        self._url = URL(self.url)  # parsed once, not per request
+        self._session: aiohttp.ClientSession | None = None
+        self._in_flight = 0  # requests holding or awaiting a connection: a full pool shows here
         self._warned_no_usage = False
 
     def __repr__(self) -> str:
         return f"OpenAICompatibleBackend(model={self.model!r}, base_url={self.options.base_url!r})"
 
-    # ----- the pooled client -------------------------------------------------------------
+    # ----- the pooled session ------------------------------------------------------------
 
     @property
-    def client(self) -> httpx.AsyncClient:
-        """Created on first use, inside the serving event loop; closed by `aclose`."""
-        if self._client is None:
+    def session(self) -> aiohttp.ClientSession:
+        """Created on first use, inside the serving event loop; closed by `aclose`.
+
+        Everything constant is decided here once: headers, timeouts, pool limits; no cookies.
+        """
+        if self._session is None:
             options = self.options
-            headers = {"content-type": "application/json", **options.headers}
+            headers = CIMultiDict(DEFAULT_HEADERS)
+            headers.update(options.headers)  # a deployment's header replaces a default of any case
             if options.api_key is not None:
                 headers["authorization"] = f"Bearer {options.api_key.get_secret_value()}"
-            self._client = httpx.AsyncClient(
+            keepalive: dict[str, Any] = {"keepalive_timeout": KEEPALIVE_SECONDS}
+            if options.max_keepalive == 0:
+                keepalive = {"force_close": True}  # aiohttp takes no keepalive_timeout with it
+            connector = aiohttp.TCPConnector(
+                limit=options.max_connections,
+                limit_per_host=options.max_connections,  # one upstream host per backend
+                **keepalive,
+            )
+            self._session = aiohttp.ClientSession(
+                connector=connector,
                 headers=headers,
-                # reads are bounded by first_byte / total deadlines in `generate`
-                timeout=httpx.Timeout(connect=options.connect, read=None, write=None, pool=options.connect),
-                limits=httpx.Limits(
-                    max_connections=options.max_connections,
-                    max_keepalive_connections=options.max_keepalive,
+                skip_auto_headers=("accept",),
+                cookie_jar=aiohttp.DummyCookieJar(),
+                auto_decompress=False,
+                # `connect` bounds the wait for a pooled connection and the TCP connect; reads
+                # are bounded by the first_byte / total deadlines in `generate`
+                timeout=aiohttp.ClientTimeout(
+                    total=None, connect=options.connect, sock_connect=options.connect
                 ),
             )
-        return self._client
+        return self._session
 
     async def aclose(self) -> None:
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
 
     # ----- request ------------------------------------------------------------------------
 
@@ -197,53 +231,54 @@ class OpenAICompatibleBackend:
         started = loop.time()
         deadline = started + self.options.total
         first_deadline = min(deadline, started + self.options.first_byte)
-        client = self.client
-        upstream_request = client.build_request(
-            "POST", self.url, content=orjson.dumps(self.upstream_body(request))
-        )
+        session = self._session or self.session
+        body = orjson.dumps(self.upstream_body(request))
+        response: aiohttp.ClientResponse | None = None
+        self._in_flight += 1
         try:
             async with asyncio.timeout_at(first_deadline if request.stream else deadline):
-                response = await client.send(upstream_request, stream=True)
-        except (httpx.HTTPError, TimeoutError) as exc:
-            raise self.transport_error(exc, loop.time() - started) from None
-        try:
-            if response.status_code >= 400:
+                response = await session.post(self._url, data=body)
+            if response.status >= 400:
                 async with asyncio.timeout_at(deadline):
-                    raw = await response.aread()
-                raise self.status_error(response.status_code, raw, response.headers)
+                    raw = await response.read()
+                raise self.status_error(response.status, raw, response.headers)
             media_type = response.headers.get("content-type", "")
             if request.stream and media_type.startswith("text/event-stream"):
                 async for event in self.relay(response, request, first_deadline, deadline):
                     yield event
                 return
             async with asyncio.timeout_at(deadline):
-                raw = await response.aread()
+                raw = await response.read()
             for event in self.completion_events(parse_json(raw), request):
                 yield event
-        except (httpx.HTTPError, TimeoutError) as exc:
+        except (aiohttp.ClientError, TimeoutError) as exc:
             raise self.transport_error(exc, loop.time() - started) from None
         finally:
-            await response.aclose()
+            self._in_flight -= 1
+            if response is not None:
+                # a no-op once the body was read whole (the connection is back in the pool);
+                # otherwise (timeout, error, the client went away) the upstream sees us hang up
+                response.close()
 
     async def relay(
-        self, response: httpx.Response, request: ChatRequest, first_deadline: float, deadline: float
+        self, response: aiohttp.ClientResponse, request: ChatRequest, first_deadline: float, deadline: float
     ) -> AsyncIterator[Event]:
         """Parse the upstream's SSE stream and yield events chunk by chunk, as they arrive."""
         decoder = SSEDecoder()
         state = StreamState(request.n)
-        reader = response.aiter_bytes()
+        read = response.content.readany  # whatever has arrived; b"" only at the end
         until = first_deadline  # until the first generated chunk, then the whole answer's deadline
         while not decoder.done:
             async with asyncio.timeout_at(until):
-                piece = await anext(reader, None)
-            payloads = decoder.feed(piece) if piece is not None else decoder.close()
+                piece = await read()
+            payloads = decoder.feed(piece) if piece else decoder.close()
             for payload in payloads:
                 events = state.feed(parse_json(payload))
                 for event in events:
                     yield event
                 if events:
                     until = deadline
-            if piece is None:
+            if not piece:
                 break
         if not decoder.done and state.unfinished:
             raise BadGateway("The upstream closed the stream before the answer was finished.")
@@ -255,9 +290,9 @@ class OpenAICompatibleBackend:
         if decoder.done:  # read the stream's end so the connection can be reused
             try:
                 async with asyncio.timeout(DRAIN_AFTER_DONE_SECONDS):
-                    async for _ in reader:
+                    while await read():
                         pass
-            except (httpx.HTTPError, TimeoutError):
+            except (aiohttp.ClientError, TimeoutError):
                 pass
 
     def completion_events(self, body: Any, request: ChatRequest) -> list[Event]:
@@ -314,15 +349,19 @@ class OpenAICompatibleBackend:
     def transport_error(self, exc: Exception, elapsed: float) -> GatewayError:
         """A failure to talk to the upstream, as the gateway error the client gets."""
         log.warning("upstream %s: %s: %s", self.options.base_url, type(exc).__name__, exc)
-        if isinstance(exc, httpx.PoolTimeout):
-            return ServiceUnavailable("All connections to the upstream are busy; try again later.")
-        if isinstance(exc, httpx.ConnectTimeout | httpx.ConnectError):
+        # no connection within `connect` (the only aiohttp timeout set; aiohttp 3.10+ raises
+        # its subclass ConnectionTimeoutError, 3.9 this class itself)
+        if isinstance(exc, aiohttp.ServerTimeoutError):
+            if self._in_flight > self.options.max_connections:
+                return ServiceUnavailable("All connections to the upstream are busy; try again later.")
             return ServiceUnavailable("The upstream model server cannot be reached.")
-        if isinstance(exc, TimeoutError | httpx.TimeoutException):
+        if isinstance(exc, aiohttp.ClientConnectorError):  # refused, unresolvable, TLS failed
+            return ServiceUnavailable("The upstream model server cannot be reached.")
+        if isinstance(exc, TimeoutError):
             return GatewayTimeout(f"The upstream model server did not answer in time ({elapsed:.1f} s).")
         return BadGateway(f"The connection to the upstream model server failed ({type(exc).__name__}).")
 
-    def status_error(self, status: int, raw: bytes, headers: httpx.Headers) -> GatewayError:
+    def status_error(self, status: int, raw: bytes, headers: Mapping[str, str]) -> GatewayError:
         """An upstream error response, as the gateway error the client gets."""
         message, param = error_message(raw)
         if status in (401, 403):

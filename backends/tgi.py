@@ -60,7 +60,7 @@ from huggingface_hub.errors import (
 from huggingface_hub.errors import ValidationError as TGIValidationError
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
-from backends.base import Capabilities, Param
+from backends.base import Capabilities, Param, unsupported
 from gateway.canonical import (
     ChatRequest,
     Event,
@@ -172,6 +172,14 @@ def parameter_table(options: TGIOptions) -> dict[str, Param]:
         "typical_p": Param("typical_p" if generate_api else None, 0, 1, generate_only or "1 means off"),
         "repetition_penalty": Param(
             "repetition_penalty" if generate_api else None, 0, None, generate_only or "must be > 0"
+        ),
+        **unsupported("TGI has no such parameter", "best_of", "ignore_eos", "length_penalty", "min_p"),
+        **unsupported(
+            "speculative and prompt-lookup decoding are TGI launcher settings, not request fields",
+            "num_assistant_tokens", "assistant_confidence_threshold", "max_ngram_size",
+        ),
+        **unsupported(
+            "TGI generates text only", "modalities", "audio", "prediction", "reasoning_effort"
         ),
     }  # fmt: skip
 

@@ -71,7 +71,7 @@ def wrk(url: str, connections: int, seconds: int, script: Path) -> dict[str, flo
             "-s",
             str(script),
             url,
-        ],  # fmt: skip
+        ],
         capture_output=True,
         text=True,
         check=True,

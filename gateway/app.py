@@ -31,6 +31,7 @@ from gateway.fast_path import ChatFastPath
 from gateway.middleware import GatewayMiddleware
 from gateway.policy.auth import open_access_security_map
 from gateway.runtime import Runtime
+from gateway.served_spec import ServedDocuments
 from gateway.spec import DialectSpec, load_document
 from gateway.trace import TRACE_SCOPE_KEY
 from gateway.validation import validator_map
@@ -77,7 +78,9 @@ def as_gateway_error(exc: Exception) -> GatewayError:
         error.headers.update(exc.headers or {})
         return error
     if isinstance(exc, HTTPException):
-        return error_for_status(exc.status_code, str(exc.detail))
+        error = error_for_status(exc.status_code, str(exc.detail))
+        error.headers.update(exc.headers or {})  # e.g. Allow on a 405
+        return error
     log.error("unhandled error", exc_info=exc)
     return InternalError("The gateway failed to handle this request.")
 
@@ -103,6 +106,7 @@ def create_app(settings: Settings) -> ASGIApp:
         swagger_ui_options=SwaggerUIOptions(swagger_ui=True, serve_spec=True),
     )
     mounts = DialectMounts()
+    documents: dict[str, dict[str, Any]] = {}
     chat_handlers: dict[tuple[str, str], Any] = {}
     app.add_middleware(ChatFastPath, MiddlewarePosition.BEFORE_CONTEXT, handlers=chat_handlers)
 
@@ -143,6 +147,7 @@ def create_app(settings: Settings) -> ASGIApp:
             resolver=Resolver(function_resolver=resolve),
         )
         mounts.add(mount, dialect)
+        documents[mount] = document
         for operation_id in dialect_cls.chat_operations:
             chat_handlers[(mount, operation_id)] = dialect.chat
 
@@ -163,4 +168,4 @@ def create_app(settings: Settings) -> ASGIApp:
     for exception_class in (GatewayError, ProblemException, HTTPException, Exception):
         app.add_error_handler(exception_class, render_error)
 
-    return GatewayMiddleware(app, runtime.keys, runtime.metrics, mounts.name_for)
+    return GatewayMiddleware(ServedDocuments(app, documents), runtime.keys, runtime.metrics, mounts.name_for)

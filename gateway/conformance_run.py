@@ -284,7 +284,12 @@ def reachable(url: str) -> None:
 
 
 def render(report: Report) -> str:
-    vendor = report.vendor_file or "none (no machine-readable vendor document for this dialect)"
+    if report.vendor_file:
+        vendor = report.vendor_file
+    elif report.dialect in VENDOR_DOCUMENTS:
+        vendor = "not found, so not checked (pass --refspecs DIR or set CHATGATE_REFSPECS)"
+    else:
+        vendor = "none (no machine-readable vendor document for this dialect)"
     lines = [
         f"chatgate conformance: {report.dialect} dialect at {report.url}",
         f"  document: {report.spec_file}   vendor document: {vendor}",

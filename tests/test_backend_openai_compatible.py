@@ -297,8 +297,9 @@ def gateway(tmp_path_factory: pytest.TempPathFactory, log_dir: Path, upstream: s
         deployments.append(
             {"name": f"stub-{behaviour}", "backend": "openai-compatible",
              "extra_parameters": "pass-through", "options": options,
-             # each test sees its own failure, not the circuit breaker's (tested elsewhere)
-             "health": {"failures": 1000}}
+             # each test sees its own failure, not the circuit breaker's or a retry's
+             # (both tested in test_fleet.py)
+             "health": {"failures": 1000}, "retries": {"attempts": 1}}
         )  # fmt: skip
     config = tmp_path_factory.mktemp("relay") / "config.yaml"
     config.write_text(yaml.safe_dump({"deployments": deployments}))

@@ -182,7 +182,7 @@ def test_unsupported_modality_is_404(url, dialect):
 
 
 def test_unsupported_parameter_is_422(url, dialect):
-    ((name, value),) = dialect.unsupported.items()
+    ((name, _),) = dialect.unsupported.items()
     body = assert_error(post(url, dialect, dialect.body("text-only", **dialect.unsupported)), dialect, 422)
     assert name in str(body)
     if dialect.name == "azure":
@@ -226,7 +226,8 @@ def test_content_filter_on_the_completion(url, dialect):
 
 def test_content_filter_ends_a_stream_cleanly(url, dialect):
     with httpx.stream(
-        "POST", f"{url}{dialect.url_path}", json=dialect.body("echo", content=FILTERED_OUTPUT_PROMPT, stream=True),
+        "POST", f"{url}{dialect.url_path}",
+        json=dialect.body("echo", content=FILTERED_OUTPUT_PROMPT, stream=True),
         headers={"authorization": f"Bearer {KEY}"}, timeout=30,
     ) as response:  # fmt: skip
         text = "".join(response.iter_text())

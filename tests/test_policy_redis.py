@@ -96,9 +96,7 @@ def test_requests_per_minute_hold_across_processes(two_gateways):
         assert refused.json()["error"]["type"] == "rate_limit_error"
 
 
-@pytest.mark.parametrize(
-    "two_gateways", [{"tokens_per_minute": N * PROMPT_TOKENS}], indirect=True
-)
+@pytest.mark.parametrize("two_gateways", [{"tokens_per_minute": N * PROMPT_TOKENS}], indirect=True)
 def test_tokens_per_minute_hold_across_processes(two_gateways):
     # stop at the first character: no completion tokens, so only prompt estimates count
     body = {"model": "echo", "messages": [{"role": "user", "content": PROMPT}], "stop": ["["]}
@@ -109,9 +107,7 @@ def test_tokens_per_minute_hold_across_processes(two_gateways):
     assert sorted(r.status_code for r in responses).count(429) == 2 * N
 
 
-@pytest.mark.parametrize(
-    ("on_error", "status"), [("fail-closed", 503), ("fail-open", 200)]
-)
+@pytest.mark.parametrize(("on_error", "status"), [("fail-closed", 503), ("fail-open", 200)])
 def test_unreachable_redis(tmp_path, log_dir, on_error, status):
     dead = f"redis://127.0.0.1:{free_port()}/0"
     config = write_config(tmp_path / "config.yaml", dead, {"requests_per_minute": 10}, on_error)
@@ -124,4 +120,4 @@ def test_unreachable_redis(tmp_path, log_dir, on_error, status):
         )
     assert response.status_code == status
     log = max(log_dir.glob("gateway-*.log"), key=lambda p: p.stat().st_mtime).read_text()
-    assert f"rate-limit store unreachable" in log and on_error in log
+    assert "rate-limit store unreachable" in log and on_error in log

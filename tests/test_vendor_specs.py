@@ -206,7 +206,7 @@ CASES = [
                                             "stream_options": {"include_usage": True}}),
     Case("aleph_alpha", "ignored-parameters", {"seed": 3, "user": "someone"}),
     Case("aleph_alpha", "404-unknown-model", {}, status=404, model="no-such-model"),
-    Case("aleph_alpha", "422-rejected-parameter", {"tools": TOOLS}, status=422),
+    Case("aleph_alpha", "400-rejected-parameter", {"tools": TOOLS}, status=400),
     Case("aleph_alpha", "422-unsupported-parameter", {"logprobs": True}, status=422, model="text-only"),
     Case("aleph_alpha", "400-message-order", {}, status=400, messages=(
         {"role": "assistant", "content": "I start."}, {"role": "user", "content": "Hi"},

@@ -31,6 +31,29 @@ GENERATION_OPTIONS = frozenset(
 )  # fmt: skip
 
 
+# Dialect fields the gateway itself takes care of, whatever the backend: how each is handled.
+GATEWAY_HANDLED = {
+    "messages": "the conversation: every backend takes it",
+    "model": "routing: picks the deployment",
+    "stream": "the gateway streams or gathers the backend's events",
+    "stream_options": "include_usage: the gateway adds the usage chunk",
+    "metadata": "informational: dropped (OpenAI stores it; chatgate stores nothing)",
+    "store": "informational: dropped (chatgate stores no completions)",
+    "service_tier": "informational: dropped (one tier)",
+    "user": "informational: passed to backends that take it, else dropped",
+}
+# Dialect spellings of canonical parameters.
+ALIASES = {
+    "max_completion_tokens": "max_tokens",
+    "functions": "tools",
+    "function_call": "tool_choice",
+}
+
+
+def canonical_name(parameter: str) -> str:
+    return ALIASES.get(parameter, parameter)
+
+
 def effective(backend: Capabilities, narrowed: DeploymentCapabilities) -> Capabilities:
     """The backend's capabilities as the deployment's config narrows them."""
     parameters = {k: v for k, v in backend.parameters.items() if k not in narrowed.unsupported_parameters}
