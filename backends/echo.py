@@ -27,7 +27,7 @@ from gateway.canonical import (
 )
 from gateway.policy.capabilities import GENERATION_OPTIONS
 
-SHAPING_PARAMETERS = (
+CANONICAL_PARAMETERS = (
     "max_tokens", "stop", "n", "seed", "logprobs", "top_logprobs", "temperature", "top_p",
     "frequency_penalty", "presence_penalty", "logit_bias", "tools", "tool_choice",
     "response_format", "user",
@@ -125,7 +125,7 @@ class EchoBackend:
         modalities=frozenset({"text", "image", "audio"}),
         # Echo honours the shape-giving parameters and accepts every sampling one (it does
         # not sample), so that every dialect's parameters can be exercised end to end.
-        parameters=same_names(*SHAPING_PARAMETERS, *GENERATION_OPTIONS),
+        parameters=same_names(*CANONICAL_PARAMETERS, *GENERATION_OPTIONS),
         response_formats=frozenset({"text", "json_object", "json_schema"}),
         max_n=128,
         max_top_logprobs=20,

@@ -29,7 +29,7 @@ from gateway.dialects.base import REQUEST_ID_SCOPE_KEY, Dialect
 from gateway.errors import GatewayError, InternalError, error_for_status
 from gateway.fast_path import ChatFastPath
 from gateway.middleware import GatewayMiddleware
-from gateway.policy.auth import open_access_security_map
+from gateway.policy.auth import keys_security_map, open_access_security_map
 from gateway.runtime import Runtime
 from gateway.served_spec import ServedDocuments
 from gateway.spec import DialectSpec, load_document
@@ -100,7 +100,7 @@ def create_app(settings: Settings) -> ASGIApp:
     app = connexion.AsyncApp(
         "chatgate",
         lifespan=lifespan,
-        security_map=None if runtime.keys.enabled else open_access_security_map(),
+        security_map=keys_security_map() if runtime.keys.enabled else open_access_security_map(),
         validator_map=validator_map(settings.server.max_body_bytes),
         pythonic_params=True,
         swagger_ui_options=SwaggerUIOptions(swagger_ui=True, serve_spec=True),

@@ -12,7 +12,6 @@ import typing as t
 import jsonschema_rs
 import orjson
 from connexion.datastructures import MediaTypeDict
-from connexion.exceptions import BadRequestProblem
 from connexion.validators import VALIDATOR_MAP, AbstractRequestBodyValidator
 from starlette.types import Receive, Scope
 
@@ -123,6 +122,3 @@ def validator_map(max_body_bytes: int) -> dict[str, t.Any]:
         **VALIDATOR_MAP,
         "body": MediaTypeDict({"*/*json": body_validator}),
     }
-
-
-__all__ = ["BODY_SCOPE_KEY", "BadRequestProblem", "to_json_schema", "validator_map"]
