@@ -34,20 +34,13 @@ from azure.ai.inference import ChatCompletionsClient
 from azure.core.credentials import AzureKeyCredential
 
 from backends.openai_compatible import OpenAICompatibleBackend, SSEDecoder
-from tests.servers import free_port, running_gateway
+from tests.servers import CHAT_PATHS, free_port, running_gateway
 
 CLIENT_TIMEOUT = 20.0  # every request is bounded: a hang fails the test instead of stalling it
 PROMPT = "what is the weather in Lisbon"
 MESSAGES = [{"role": "user", "content": PROMPT}]
 SECRET = "sk-test-secret-4711"
-AZURE_API_VERSION = "2024-05-01-preview"
-PATHS = {
-    "openai": "/v1/chat/completions",
-    "azure": f"/azure/chat/completions?api-version={AZURE_API_VERSION}",
-    "aleph_alpha": "/aleph-alpha/chat/completions",
-    "lmi": "/lmi/v1/chat/completions",
-    "ovms": "/v3/chat/completions",
-}
+PATHS = CHAT_PATHS
 DIALECTS = list(PATHS)
 TOOL = {
     "type": "function",

@@ -30,18 +30,11 @@ from azure.core.credentials import AzureKeyCredential
 
 from backends.tgi import StopTrimmer, TGIBackend, parameter_table, split_tool_call
 from gateway.config import ConfigError
-from tests.servers import free_port, running_gateway
+from tests.servers import CHAT_PATHS, free_port, running_gateway
 from tests.tgi_server import TGIStandIn, chat_template, running_tgi, token_logprob, tokenize
 
 CLIENT_TIMEOUT = 20.0  # every request is bounded: a hang fails the test instead of stalling it
-AZURE_API_VERSION = "2024-05-01-preview"
-PATHS = {
-    "openai": "/v1/chat/completions",
-    "azure": f"/azure/chat/completions?api-version={AZURE_API_VERSION}",
-    "aleph_alpha": "/aleph-alpha/chat/completions",
-    "lmi": "/lmi/v1/chat/completions",
-    "ovms": "/v3/chat/completions",
-}
+PATHS = CHAT_PATHS
 HELLO = [{"role": "user", "content": "hello there friend"}]
 WEATHER_TOOL = {
     "type": "function",
