@@ -12,9 +12,11 @@ import copy
 from typing import Any
 
 import orjson
+import yaml
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 SPEC_PATH = "/openapi.json"
+YAML_SPEC_PATH = "/openapi.yaml"
 
 
 def served_document(document: dict[str, Any], mount: str) -> dict[str, Any]:
@@ -25,21 +27,27 @@ def served_document(document: dict[str, Any], mount: str) -> dict[str, Any]:
 
 
 class ServedDocuments:
-    """An ASGI layer that answers `GET|HEAD <mount>/openapi.json` for each dialect."""
+    """An ASGI layer that answers `GET|HEAD <mount>/openapi.json` and `<mount>/openapi.yaml`
+    for each dialect."""
 
     def __init__(self, app: ASGIApp, documents: dict[str, dict[str, Any]]) -> None:
         """`documents` maps a mount ("" for the root) to the dialect's committed document."""
         self.app = app
-        self.bodies = {
-            mount + SPEC_PATH: orjson.dumps(served_document(document, mount))
-            for mount, document in documents.items()
-        }
+        self.bodies: dict[str, tuple[bytes, bytes]] = {}
+        for mount, document in documents.items():
+            served = served_document(document, mount)
+            self.bodies[mount + SPEC_PATH] = (b"application/json", orjson.dumps(served))
+            self.bodies[mount + YAML_SPEC_PATH] = (
+                b"application/yaml",
+                yaml.safe_dump(served, sort_keys=False, allow_unicode=True).encode(),
+            )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        body = self.bodies.get(scope["path"]) if scope["type"] == "http" else None
-        if body is None or scope["method"] not in ("GET", "HEAD"):
+        found = self.bodies.get(scope["path"]) if scope["type"] == "http" else None
+        if found is None or scope["method"] not in ("GET", "HEAD"):
             await self.app(scope, receive, send)
             return
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        media_type, body = found
+        headers = [(b"content-type", media_type), (b"content-length", str(len(body)).encode())]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else body})

@@ -1,4 +1,4 @@
-"""The document a running gateway serves at `<mount>/openapi.json` is the committed one in
+"""The document a running gateway serves at `<mount>/openapi.json` (and `.yaml`) is the committed one in
 openapi/, apart from `servers`, which names the mount it is served at."""
 
 from __future__ import annotations
@@ -6,6 +6,7 @@ from __future__ import annotations
 import httpx
 import orjson
 import pytest
+import yaml
 
 from gateway.config import Mounts
 from gateway.dialects import DIALECTS
@@ -37,3 +38,15 @@ def test_swagger_ui_still_answers(dialect, gateway_url: str):
     response = httpx.get(f"{gateway_url}{MOUNTS[dialect.name]}/ui/", timeout=10)
     assert response.status_code == 200
     assert "openapi.json" in response.text
+
+
+def test_yaml_document_is_the_committed_one_too(gateway_url: str):
+    response = httpx.get(f"{gateway_url}/v1/openapi.yaml")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("application/yaml")
+    served = yaml.safe_load(response.text)
+    committed = load_document("openai.yaml")
+    assert served["servers"] == [{"url": "/v1"}]
+    assert {k: v for k, v in served.items() if k != "servers"} == {
+        k: v for k, v in committed.items() if k != "servers"
+    }
