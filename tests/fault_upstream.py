@@ -10,11 +10,12 @@ It counts requests per behaviour and knows how many connections are open.
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections import Counter
 from typing import Any
 
 import orjson
+
+from tests.loopback_server import LoopbackServer
 
 COMPLETION = {
     "id": "chatcmpl-up",
@@ -50,43 +51,16 @@ STREAM = [
 ]
 
 
-class FaultUpstream:
+class FaultUpstream(LoopbackServer):
+    thread_name = "fault-upstream"
+
     def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
+        super().__init__()
         self.counts: Counter[str] = Counter()
         self.open_connections = 0
         self.answering: Counter[str] = Counter()  # requests being answered now, by behaviour
         self.healed: set[str] = set()
         self.flaky_seen = 0
-        self.tasks: set[asyncio.Task] = set()
-        self.url = ""
-
-    def __enter__(self) -> FaultUpstream:
-        ready = threading.Event()
-
-        def run() -> None:
-            asyncio.set_event_loop(self.loop)
-            self.server = self.loop.run_until_complete(asyncio.start_server(self.handle, "127.0.0.1", 0))
-            self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
-            ready.set()
-            self.loop.run_forever()
-
-        self.thread = threading.Thread(target=run, name="fault-upstream", daemon=True)
-        self.thread.start()
-        assert ready.wait(10)
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        asyncio.run_coroutine_threadsafe(self.shutdown(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.loop.close()
-
-    async def shutdown(self) -> None:
-        self.server.close()
-        for task in list(self.tasks):
-            task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
 
     def base_url(self, behaviour: str) -> str:
         return f"{self.url}/{behaviour}/v1"

@@ -34,6 +34,7 @@ from azure.ai.inference import ChatCompletionsClient
 from azure.core.credentials import AzureKeyCredential
 
 from backends.openai_compatible import OpenAICompatibleBackend, SSEDecoder
+from tests.loopback_server import LoopbackServer
 from tests.servers import CHAT_PATHS, free_port, running_gateway
 
 CLIENT_TIMEOUT = 20.0  # every request is bounded: a hang fails the test instead of stalling it
@@ -99,41 +100,14 @@ FRAGMENTED_STREAM = [
 FRAGMENTED_CHUNKS_SEEN = 6  # two content chunks, four tool-call fragments
 
 
-class StubUpstream:
+class StubUpstream(LoopbackServer):
     """A raw asyncio HTTP/1.1 server in a thread; the first path segment picks what it does."""
 
+    thread_name = "stub-upstream"
+
     def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
+        super().__init__()
         self.connections: list[StubConnection] = []
-        self.tasks: set[asyncio.Task] = set()
-        self.url = ""
-
-    def __enter__(self) -> StubUpstream:
-        ready = threading.Event()
-
-        def run() -> None:
-            asyncio.set_event_loop(self.loop)
-            self.server = self.loop.run_until_complete(asyncio.start_server(self.handle, "127.0.0.1", 0))
-            self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
-            ready.set()
-            self.loop.run_forever()
-
-        self.thread = threading.Thread(target=run, name="stub-upstream", daemon=True)
-        self.thread.start()
-        assert ready.wait(10), "the stub upstream did not start"
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        asyncio.run_coroutine_threadsafe(self.shutdown(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.loop.close()
-
-    async def shutdown(self) -> None:
-        self.server.close()
-        for task in self.tasks:
-            task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
 
     def connection_with(self, marker: str) -> StubConnection:
         found = [c for c in self.connections if marker in orjson.dumps(c.body).decode()]

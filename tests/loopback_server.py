@@ -1,0 +1,46 @@
+"""A raw asyncio server on a loopback port, run in its own thread; subclasses define `handle`."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any, Self
+
+
+class LoopbackServer:
+    thread_name = "loopback-server"
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.tasks: set[asyncio.Task] = set()
+        self.url = ""
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        ready = threading.Event()
+
+        def run() -> None:
+            asyncio.set_event_loop(self.loop)
+            self.server = self.loop.run_until_complete(asyncio.start_server(self.handle, "127.0.0.1", 0))
+            self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+            ready.set()
+            self.loop.run_forever()
+
+        self.thread = threading.Thread(target=run, name=self.thread_name, daemon=True)
+        self.thread.start()
+        assert ready.wait(10), f"{self.thread_name} did not start"
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        asyncio.run_coroutine_threadsafe(self.shutdown(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+    async def shutdown(self) -> None:
+        self.server.close()
+        for task in list(self.tasks):
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
