@@ -15,19 +15,18 @@ import connexion
 import orjson
 from connexion.exceptions import ProblemException
 from connexion.lifecycle import ConnexionRequest, ConnexionResponse
-from connexion.middleware import MiddlewarePosition
 from connexion.options import SwaggerUIOptions
 from connexion.resolver import Resolver
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.types import ASGIApp
+from starlette.types import ASGIApp, Scope
 
+from gateway.chat_router import ChatOperation, ChatRouter, compile_operation
 from gateway.config import Settings
 from gateway.dialects import DIALECTS
 from gateway.dialects.base import REQUEST_ID_SCOPE_KEY, Dialect
 from gateway.errors import GatewayError, InternalError, error_for_status
-from gateway.fast_path import ChatFastPath
 from gateway.middleware import GatewayMiddleware
 from gateway.policy.auth import keys_security_map, open_access_security_map
 from gateway.runtime import Runtime
@@ -85,6 +84,19 @@ def as_gateway_error(exc: Exception) -> GatewayError:
     return InternalError("The gateway failed to handle this request.")
 
 
+def error_response(dialect: Dialect, error: GatewayError, scope: Scope) -> Response:
+    """An error in the dialect's shape; the request's trace learns its code."""
+    trace = scope.get(TRACE_SCOPE_KEY)
+    if trace is not None:
+        trace.error_code = error.code
+    return Response(
+        orjson.dumps(dialect.error_body(error, scope.get(REQUEST_ID_SCOPE_KEY, ""))),
+        status_code=error.status,
+        media_type="application/json",
+        headers=dialect.error_headers(error),
+    )
+
+
 def create_app(settings: Settings) -> ASGIApp:
     runtime = Runtime(settings)
 
@@ -107,8 +119,7 @@ def create_app(settings: Settings) -> ASGIApp:
     )
     mounts = DialectMounts()
     documents: dict[str, dict[str, Any]] = {}
-    chat_handlers: dict[tuple[str, str], Any] = {}
-    app.add_middleware(ChatFastPath, MiddlewarePosition.BEFORE_CONTEXT, handlers=chat_handlers)
+    chat_operations: dict[str, ChatOperation] = {}
 
     async def health(request: Request) -> Response:
         """Liveness: the process answers."""
@@ -148,24 +159,30 @@ def create_app(settings: Settings) -> ASGIApp:
         )
         mounts.add(mount, dialect)
         documents[mount] = document
-        for operation_id in dialect_cls.chat_operations:
-            chat_handlers[(mount, operation_id)] = dialect.chat
+        for path, item in document["paths"].items():
+            operation_id = item.get("post", {}).get("operationId")
+            if operation_id in dialect_cls.chat_operations:
+                chat_operations[mount + path] = compile_operation(dialect, path, operation_id)
 
     def render_error(request: ConnexionRequest, exc: Exception) -> ConnexionResponse:
         error = as_gateway_error(exc)
         dialect = mounts.dialect_for(request.url.path)
-        request_id = request.scope.get(REQUEST_ID_SCOPE_KEY, "")
-        trace = request.scope.get(TRACE_SCOPE_KEY)
-        if trace is not None:
-            trace.error_code = error.code
+        response = error_response(dialect, error, request.scope)
         return ConnexionResponse(
-            status_code=error.status,
+            status_code=response.status_code,
             mimetype="application/json",
-            body=orjson.dumps(dialect.error_body(error, request_id)),
+            body=response.body,
             headers=dialect.error_headers(error),
         )
 
     for exception_class in (GatewayError, ProblemException, HTTPException, Exception):
         app.add_error_handler(exception_class, render_error)
 
-    return GatewayMiddleware(ServedDocuments(app, documents), runtime.keys, runtime.metrics, mounts.name_for)
+    chat_router = ChatRouter(
+        ServedDocuments(app, documents),
+        chat_operations,
+        runtime.keys,
+        settings.server.max_body_bytes,
+        error_response,
+    )
+    return GatewayMiddleware(chat_router, runtime.keys, runtime.metrics, mounts.name_for)

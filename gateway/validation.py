@@ -60,6 +60,45 @@ def validation_error(error: jsonschema_rs.ValidationError) -> BadRequest:
     )
 
 
+async def read_body(receive: Receive, max_body_bytes: int) -> bytes:
+    """The whole request body, refused with 413 past the limit."""
+    chunks: list[bytes] = []
+    size = 0
+    more_body = True
+    while more_body:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > max_body_bytes:
+            raise PayloadTooLarge(f"Request body exceeds the gateway's limit of {max_body_bytes} bytes.")
+        chunks.append(chunk)
+        more_body = message.get("more_body", False)
+    return b"".join(chunks)
+
+
+def parse_and_validate(raw: bytes, validator: jsonschema_rs.Draft4Validator) -> t.Any:
+    """The body as JSON, valid for the operation's schema, or a 400 that says where it is not."""
+    if not raw:
+        raise BadRequest("The request body is required and must be a JSON object.")
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as error:
+        raise BadRequest(f"The request body is not valid JSON: {error}") from None
+    error = next(validator.iter_errors(body), None)
+    if error is not None:
+        raise validation_error(error)
+    return body
+
+
+def compile_schema(schema: t.Any, components: t.Any = None) -> jsonschema_rs.Draft4Validator:
+    converted = to_json_schema(schema)
+    if components is not None:
+        converted = {**converted, "components": to_json_schema(components)}
+    return jsonschema_rs.Draft4Validator(converted, validate_formats=False)
+
+
 def body_validator_class(max_body_bytes: int) -> type[AbstractRequestBodyValidator]:
     """A Connexion body validator class with its own compiled-schema cache and size limit."""
     compiled: dict[int, jsonschema_rs.Draft4Validator] = {}
@@ -69,38 +108,13 @@ def body_validator_class(max_body_bytes: int) -> type[AbstractRequestBodyValidat
             key = id(self._schema)
             validator = compiled.get(key)
             if validator is None:
-                validator = jsonschema_rs.Draft4Validator(
-                    to_json_schema(self._schema), validate_formats=False
-                )
+                validator = compile_schema(self._schema)
                 compiled[key] = validator
             return validator
 
         async def wrap_receive(self, receive: Receive, *, scope: Scope) -> tuple[Receive, Scope]:
-            chunks: list[bytes] = []
-            size = 0
-            more_body = True
-            while more_body:
-                message = await receive()
-                if message["type"] != "http.request":
-                    break
-                chunk = message.get("body", b"")
-                size += len(chunk)
-                if size > max_body_bytes:
-                    raise PayloadTooLarge(
-                        f"Request body exceeds the gateway's limit of {max_body_bytes} bytes."
-                    )
-                chunks.append(chunk)
-                more_body = message.get("more_body", False)
-            raw = b"".join(chunks)
-            if not raw:
-                raise BadRequest("The request body is required and must be a JSON object.")
-            try:
-                body = orjson.loads(raw)
-            except orjson.JSONDecodeError as error:
-                raise BadRequest(f"The request body is not valid JSON: {error}") from None
-            error = next(self._validator().iter_errors(body), None)
-            if error is not None:
-                raise validation_error(error)
+            raw = await read_body(receive, max_body_bytes)
+            body = parse_and_validate(raw, self._validator())
             scope[BODY_SCOPE_KEY] = body
             replayed = False
 
