@@ -139,11 +139,10 @@ class ChatRouter:
             headers[name.decode("latin-1")] = value.decode("latin-1")
         caller = self.authenticate(operation, headers)
         self.check_parameters(operation, scope, headers)
-        media_type = headers.get("content-type", "").partition(";")[0].strip().lower()
+        # no Content-Type is read as the operation's own (JSON), as Connexion does elsewhere
+        media_type = headers.get("content-type", JSON_MEDIA_TYPES[0]).partition(";")[0].strip().lower()
         if media_type not in JSON_MEDIA_TYPES:
-            raise UnsupportedMediaType(
-                f"Invalid Content-type ({media_type or 'none'}), expected ['application/json']"
-            )
+            raise UnsupportedMediaType(f"Invalid Content-type ({media_type}), expected ['application/json']")
         scope[BODY_SCOPE_KEY] = parse_and_validate(
             await read_body(receive, self.max_body_bytes), operation.body
         )

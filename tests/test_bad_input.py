@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import httpx
+import orjson
 import pytest
 
 from tests.documents import response_errors
@@ -37,6 +38,18 @@ def test_unreadable_bodies(gateway_url: str, route, case: str):
     assert response.headers["content-type"].startswith("application/json")
     assert response.headers["x-request-id"]
     assert response_errors(spec_file, doc_path, "post", status, response.json()) == []
+
+
+@pytest.mark.parametrize("route", CHAT_ROUTES, ids=lambda r: r[2])
+def test_body_without_content_type_is_read_as_json(gateway_url: str, route):
+    """Clients such as wrk or a bare socket may leave the header out; the body is still JSON."""
+    _, _, url_path, minimal = route
+    body = orjson.dumps({**minimal, "messages": USER})
+    request = httpx.Request("POST", f"{gateway_url}{url_path}", content=body)
+    assert "content-type" not in request.headers
+    with httpx.Client() as client:
+        response = client.send(request)
+    assert response.status_code == 200, response.text
 
 
 SPEC_VIOLATIONS = {
