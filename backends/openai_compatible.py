@@ -1,6 +1,6 @@
 """A backend for any upstream that speaks OpenAI chat completions (vLLM, SGLang, OVMS, DJL LMI,
-OpenAI itself, or another chatgate): one pooled aiohttp session, streamed chunks relayed as
-they arrive. aiohttp rather than httpx: httpx's pool degrades under concurrency (encode/httpx#3215).
+OpenAI itself, or another chatgate): one keep-alive connection pool (backends.upstream_http),
+streamed chunks relayed as they arrive.
 
 Upstream failures become gateway errors. The upstream's 401/403 means the gateway's own
 credentials are wrong, so the client gets a 502 that says nothing about them.
@@ -14,14 +14,14 @@ import uuid
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
-import aiohttp
 import orjson
-from multidict import CIMultiDict
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
-from yarl import URL
 
+from backends import upstream_http
 from backends.base import Capabilities, Param, same_names
+from backends.upstream_http import ConnectError, PoolTimeout, Response, UpstreamError
 from gateway.canonical import (
     ChatRequest,
     Event,
@@ -122,7 +122,7 @@ class Options(BaseModel):
         default=20,
         ge=0,
         description="0 closes each connection after its request; otherwise idle connections are "
-        f"kept for reuse and closed after {KEEPALIVE_SECONDS:g} s (aiohttp caps them by age, not count).",
+        f"kept for reuse, at most this many, each for {KEEPALIVE_SECONDS:g} s.",
     )
 
     @field_validator("base_url")
@@ -145,54 +145,45 @@ class OpenAICompatibleBackend:
         self.capabilities = replace(
             CAPABILITIES, parameters={**CAPABILITIES.parameters, "max_tokens": Param(target)}
         )
-        self._url = URL(self.url)  # parsed once, not per request
-        self._session: aiohttp.ClientSession | None = None
-        self._in_flight = 0  # requests holding or awaiting a connection: a full pool shows here
+        parts = urlsplit(self.url)
+        self._path = parts.path + (f"?{parts.query}" if parts.query else "")
+        self._pool: upstream_http.Pool | None = None
         self._warned_no_usage = False
 
     def __repr__(self) -> str:
         return f"OpenAICompatibleBackend(model={self.model!r}, base_url={self.options.base_url!r})"
 
-    # ----- the pooled session ------------------------------------------------------------
+    # ----- the connection pool --------------------------------------------------------------
 
     @property
-    def session(self) -> aiohttp.ClientSession:
+    def pool(self) -> upstream_http.Pool:
         """Created on first use, inside the serving event loop; closed by `aclose`.
 
-        Everything constant is decided here once: headers, timeouts, pool limits; no cookies.
+        Everything constant is decided here once: headers, pool limits, the connect timeout.
         """
-        if self._session is None:
+        if self._pool is None:
             options = self.options
-            headers = CIMultiDict(DEFAULT_HEADERS)
-            headers.update(options.headers)  # a deployment's header replaces a default of any case
+            headers = {name.lower(): value for name, value in DEFAULT_HEADERS.items()}
+            # a deployment's header replaces a default of any case
+            headers.update({name.lower(): value for name, value in options.headers.items()})
             if options.api_key is not None:
                 headers["authorization"] = f"Bearer {options.api_key.get_secret_value()}"
-            keepalive: dict[str, Any] = {"keepalive_timeout": KEEPALIVE_SECONDS}
-            if options.max_keepalive == 0:
-                keepalive = {"force_close": True}  # aiohttp takes no keepalive_timeout with it
-            connector = aiohttp.TCPConnector(
-                limit=options.max_connections,
-                limit_per_host=options.max_connections,  # one upstream host per backend
-                **keepalive,
+            self._pool = upstream_http.Pool(
+                options.base_url,
+                headers,
+                max_connections=options.max_connections,
+                max_keepalive=options.max_keepalive,
+                keepalive_seconds=KEEPALIVE_SECONDS,
+                # bounds the wait for a pooled connection and the TCP connect; reads are
+                # bounded by the first_byte / total deadlines in `generate`
+                connect_timeout=options.connect,
             )
-            self._session = aiohttp.ClientSession(
-                connector=connector,
-                headers=headers,
-                skip_auto_headers=("accept",),
-                cookie_jar=aiohttp.DummyCookieJar(),
-                auto_decompress=False,
-                # `connect` bounds the wait for a pooled connection and the TCP connect; reads
-                # are bounded by the first_byte / total deadlines in `generate`
-                timeout=aiohttp.ClientTimeout(
-                    total=None, connect=options.connect, sock_connect=options.connect
-                ),
-            )
-        return self._session
+        return self._pool
 
     async def aclose(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._pool is not None:
+            await self._pool.aclose()
+            self._pool = None
 
     # ----- request ------------------------------------------------------------------------
 
@@ -231,42 +222,43 @@ class OpenAICompatibleBackend:
         started = loop.time()
         deadline = started + self.options.total
         first_deadline = min(deadline, started + self.options.first_byte)
-        session = self._session or self.session
+        pool = self._pool or self.pool
         body = orjson.dumps(self.upstream_body(request))
-        response: aiohttp.ClientResponse | None = None
-        self._in_flight += 1
+        response: Response | None = None
         try:
-            async with asyncio.timeout_at(first_deadline if request.stream else deadline):
-                response = await session.post(self._url, data=body)
-            if response.status >= 400:
-                async with asyncio.timeout_at(deadline):
+            async with asyncio.timeout_at(first_deadline if request.stream else deadline) as timeout:
+                response = await pool.post(self._path, body)
+                streamed = (
+                    request.stream
+                    and response.status < 400
+                    and response.headers.get("content-type", "").startswith("text/event-stream")
+                )
+                if not streamed:
+                    timeout.reschedule(deadline)
                     raw = await response.read()
+            if response.status >= 400:
                 raise self.status_error(response.status, raw, response.headers)
-            media_type = response.headers.get("content-type", "")
-            if request.stream and media_type.startswith("text/event-stream"):
+            if streamed:
                 async for event in self.relay(response, request, first_deadline, deadline):
                     yield event
                 return
-            async with asyncio.timeout_at(deadline):
-                raw = await response.read()
             for event in self.completion_events(parse_json(raw), request):
                 yield event
-        except (aiohttp.ClientError, TimeoutError) as exc:
+        except (UpstreamError, TimeoutError) as exc:
             raise self.transport_error(exc, loop.time() - started) from None
         finally:
-            self._in_flight -= 1
             if response is not None:
                 # a no-op once the body was read whole (the connection is back in the pool);
                 # otherwise (timeout, error, the client went away) the upstream sees us hang up
                 response.close()
 
     async def relay(
-        self, response: aiohttp.ClientResponse, request: ChatRequest, first_deadline: float, deadline: float
+        self, response: Response, request: ChatRequest, first_deadline: float, deadline: float
     ) -> AsyncIterator[Event]:
         """Parse the upstream's SSE stream and yield events chunk by chunk, as they arrive."""
         decoder = SSEDecoder()
         state = StreamState(request.n)
-        read = response.content.readany  # whatever has arrived; b"" only at the end
+        read = response.read_some  # whatever has arrived; b"" only at the end
         until = first_deadline  # until the first generated chunk, then the whole answer's deadline
         while not decoder.done:
             async with asyncio.timeout_at(until):
@@ -292,7 +284,7 @@ class OpenAICompatibleBackend:
                 async with asyncio.timeout(DRAIN_AFTER_DONE_SECONDS):
                     while await read():
                         pass
-            except (aiohttp.ClientError, TimeoutError):
+            except (UpstreamError, TimeoutError):
                 pass
 
     def completion_events(self, body: Any, request: ChatRequest) -> list[Event]:
@@ -349,13 +341,9 @@ class OpenAICompatibleBackend:
     def transport_error(self, exc: Exception, elapsed: float) -> GatewayError:
         """A failure to talk to the upstream, as the gateway error the client gets."""
         log.warning("upstream %s: %s: %s", self.options.base_url, type(exc).__name__, exc)
-        # no connection within `connect` (the only aiohttp timeout set; aiohttp 3.10+ raises
-        # its subclass ConnectionTimeoutError, 3.9 this class itself)
-        if isinstance(exc, aiohttp.ServerTimeoutError):
-            if self._in_flight > self.options.max_connections:
-                return ServiceUnavailable("All connections to the upstream are busy; try again later.")
-            return ServiceUnavailable("The upstream model server cannot be reached.")
-        if isinstance(exc, aiohttp.ClientConnectorError):  # refused, unresolvable, TLS failed
+        if isinstance(exc, PoolTimeout):
+            return ServiceUnavailable("All connections to the upstream are busy; try again later.")
+        if isinstance(exc, ConnectError):  # refused, unresolvable, TLS failed, or too slow
             return ServiceUnavailable("The upstream model server cannot be reached.")
         if isinstance(exc, TimeoutError):
             return GatewayTimeout(f"The upstream model server did not answer in time ({elapsed:.1f} s).")

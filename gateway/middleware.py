@@ -4,9 +4,9 @@ metrics and one access-log line."""
 
 from __future__ import annotations
 
+import os
 import re
 import time
-import uuid
 from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -45,7 +45,7 @@ class GatewayMiddleware:
                 request_id = value
                 break
         if request_id is None:
-            request_id = uuid.uuid4().hex.encode()
+            request_id = os.urandom(16).hex().encode()  # as random as uuid4, a third of the cost
         scope[REQUEST_ID_SCOPE_KEY] = request_id.decode()
         scope[KEY_STORE_SCOPE_KEY] = self.key_store
         path = scope["path"]

@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -354,7 +354,7 @@ class Dialect:
         deployment = admission.deployment
         events = self.runtime.generate(admission, request, trace)
         ctx = ResponseContext(
-            id=self.id_prefix + uuid.uuid4().hex,
+            id=self.id_prefix + os.urandom(16).hex(),
             created=int(time.time()),
             model=request.model or deployment.model,
             request=request,
