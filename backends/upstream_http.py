@@ -110,9 +110,8 @@ class Connection(asyncio.Protocol):
 
     def send(self, head: bytes, body: bytes) -> Response:
         self.response = response = Response(self)
-        self.parser = httptools.HttpResponseParser(self)
         assert self.transport is not None
-        self.transport.writelines((head, body))
+        self.transport.write(head + body)  # one parser serves the connection's answers in turn
         return response
 
     def resume(self) -> None:

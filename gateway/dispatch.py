@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from gateway.canonical import ChatRequest, Event, TextDelta, ToolCallDelta, Usage
 from gateway.errors import (
@@ -89,8 +89,13 @@ class Dispatcher:
         self.rng = rng
 
     async def events(
-        self, deployment: LiveDeployment, request: ChatRequest, trace: RequestTrace
+        self,
+        deployment: LiveDeployment,
+        request: ChatRequest,
+        trace: RequestTrace,
+        on_usage: Callable[[Usage], Awaitable[None]] | None = None,
     ) -> AsyncIterator[Event]:
+        """The answer's events; `on_usage` hears the usage as it passes (to charge for it)."""
         config = deployment.config
         started = time.monotonic()
         budget_ends = started + config.retries.budget
@@ -144,7 +149,7 @@ class Dispatcher:
                     replica.finished_without_verdict()
                     await events.aclose()
                     raise
-                relayed = self.relay(live, replica, events, first, deadline, trace, begun, watchdog)
+                relayed = self.relay(live, replica, events, first, deadline, trace, begun, watchdog, on_usage)
                 async for event in relayed:
                     yield event
                 return
@@ -166,6 +171,7 @@ class Dispatcher:
         trace: RequestTrace,
         begun: float,
         watchdog: Watchdog,
+        on_usage: Callable[[Usage], Awaitable[None]] | None,
     ) -> AsyncIterator[Event]:
         """The rest of a stream that has begun: idle and total timeouts, health verdict."""
         idle = live.config.timeouts.idle
@@ -177,6 +183,8 @@ class Dispatcher:
                 elif isinstance(event, Usage):
                     trace.prompt_tokens = event.prompt_tokens
                     trace.completion_tokens = event.completion_tokens
+                    if on_usage is not None:
+                        await on_usage(event)
                 yield event
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:

@@ -124,4 +124,3 @@ class Metrics:
             MultiProcessCollector(registry)
             return generate_latest(registry)
         return generate_latest(self.registry)
-

@@ -92,27 +92,26 @@ class Runtime:
             if not verdict.allowed:
                 trace.rate_limited = limited_kinds(verdict)
                 raise refused(verdict)
-            admission.headers = rate_headers(verdict.states)
+            admission.headers = rate_headers(verdict)
         return admission
 
     def generate(
         self, admission: Admission, request: ChatRequest, trace: RequestTrace
     ) -> AsyncIterator[Event]:
         """The backend's events (through retries, fallback and timeouts), screened by the output
-        filter; completion tokens are charged to the rate limits. Each stage is stacked only
-        when it has work to do: every layer costs something on every chunk."""
-        events = self.dispatcher.events(admission.deployment, request, trace)
+        filter; completion tokens are charged to the rate limits when the usage passes. The
+        filter is stacked only when configured: every layer costs something on every chunk."""
+        charge = None
+        if admission.buckets:
+            buckets, limiter = admission.buckets, self.limiter
+
+            async def charge(usage: Usage) -> None:
+                await limiter.charge(buckets, usage.completion_tokens)
+
+        events = self.dispatcher.events(admission.deployment, request, trace, charge)
         if self.content_filter.output is not None:
             events = self.content_filter.screen(events)
-        if admission.buckets:
-            events = self.charged(events, admission.buckets)
         return events
-
-    async def charged(self, events: AsyncIterator[Event], buckets: list[Bucket]) -> AsyncIterator[Event]:
-        async for event in events:
-            if isinstance(event, Usage):
-                await self.limiter.charge(buckets, event.completion_tokens)
-            yield event
 
     async def aclose(self) -> None:
         await self.router.aclose()

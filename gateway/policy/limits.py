@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from gateway.config import Limits, RateLimiting
@@ -26,20 +26,33 @@ class Bucket:
     name: str  # e.g. "key:team-a:requests"
     kind: str  # "requests" | "tokens"
     capacity: int
+    per_second: float = field(init=False)  # the refill rate
 
-
-@dataclass(frozen=True, slots=True)
-class BucketState:
-    bucket: Bucket
-    remaining: float
-    reset_seconds: float  # until the bucket is full again
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "per_second", self.capacity / WINDOW_SECONDS)
 
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
+    """What a take found: whether it was allowed, and each bucket's level after it."""
+
     allowed: bool
-    retry_after: float
-    states: list[BucketState]
+    buckets: list[Bucket]
+    levels: list[float]  # after taking, if allowed; as found, if not
+    costs: list[int]
+
+    @property
+    def retry_after(self) -> float:
+        """Seconds until every bucket has room for its cost (0 when allowed)."""
+        if self.allowed:
+            return 0.0
+        return max(
+            (min(cost, b.capacity) - level) / b.per_second
+            for b, level, cost in zip(self.buckets, self.levels, self.costs, strict=True)
+        )
+
+    def short_kinds(self) -> set[str]:
+        return {b.kind for b, level in zip(self.buckets, self.levels, strict=True) if level < 1}
 
 
 def buckets_for(subject: str, limits: Limits) -> list[Bucket]:
@@ -55,23 +68,32 @@ def cost_of(bucket: Bucket, tokens: int) -> int:
     return 1 if bucket.kind == "requests" else tokens
 
 
-def rate_headers(states: list[BucketState]) -> dict[str, str]:
+RATE_HEADER_NAMES = {
+    kind: (f"x-ratelimit-limit-{kind}", f"x-ratelimit-remaining-{kind}", f"x-ratelimit-reset-{kind}")
+    for kind in ("requests", "tokens")
+}
+
+
+def rate_headers(verdict: Verdict) -> dict[str, str]:
     """OpenAI-style x-ratelimit-* headers from the tightest bucket of each kind."""
+    tightest: dict[str, tuple[float, Bucket]] = {}
+    for bucket, level in zip(verdict.buckets, verdict.levels, strict=True):
+        found = tightest.get(bucket.kind)
+        if found is None or level < found[0]:
+            tightest[bucket.kind] = (level, bucket)
     headers: dict[str, str] = {}
-    for kind in ("requests", "tokens"):
-        of_kind = [s for s in states if s.bucket.kind == kind]
-        if not of_kind:
-            continue
-        tightest = min(of_kind, key=lambda s: s.remaining)
-        headers[f"x-ratelimit-limit-{kind}"] = str(tightest.bucket.capacity)
-        headers[f"x-ratelimit-remaining-{kind}"] = str(max(0, math.floor(tightest.remaining)))
-        headers[f"x-ratelimit-reset-{kind}"] = f"{math.ceil(tightest.reset_seconds)}s"
+    for kind, (limit, remaining, reset) in RATE_HEADER_NAMES.items():
+        if kind in tightest:
+            level, bucket = tightest[kind]
+            headers[limit] = str(bucket.capacity)
+            headers[remaining] = str(math.floor(level)) if level > 0 else "0"
+            headers[reset] = f"{math.ceil((bucket.capacity - level) / bucket.per_second)}s"
     return headers
 
 
 def limited_kinds(verdict: Verdict) -> str:
     """Which limits refused: "requests", "tokens" or "requests and tokens"."""
-    kinds = sorted({s.bucket.kind for s in verdict.states if s.remaining < 1} or {"requests"})
+    kinds = sorted(verdict.short_kinds() or {"requests"})
     return " and ".join(kinds)
 
 
@@ -80,7 +102,7 @@ def refused(verdict: Verdict) -> TooManyRequests:
     return TooManyRequests(
         f"Rate limit reached for {limited_kinds(verdict)}; retry after {retry_after} seconds.",
         code="RateLimitExceeded",
-        headers={"Retry-After": str(retry_after), **rate_headers(verdict.states)},
+        headers={"Retry-After": str(retry_after), **rate_headers(verdict)},
     )
 
 
@@ -96,28 +118,27 @@ class Limiter(Protocol):
     async def aclose(self) -> None: ...
 
 
-def refill(level: float, stamp: float, now: float, capacity: int) -> float:
-    return min(capacity, level + max(0.0, now - stamp) * capacity / WINDOW_SECONDS)
-
-
 class MemoryLimiter:
     def __init__(self) -> None:
-        self.levels: dict[str, tuple[float, float]] = {}
+        self.levels: dict[str, tuple[float, float]] = {}  # bucket name → (level, when)
 
     def level(self, bucket: Bucket, now: float) -> float:
-        level, stamp = self.levels.get(bucket.name, (bucket.capacity, now))
-        return refill(level, stamp, now, bucket.capacity)
+        state = self.levels.get(bucket.name)
+        if state is None:
+            return bucket.capacity
+        level = state[0] + (now - state[1]) * bucket.per_second
+        return level if level < bucket.capacity else bucket.capacity
 
     async def take(self, buckets: list[Bucket], tokens: int) -> Verdict:
         now = time.monotonic()
         levels = [self.level(b, now) for b in buckets]
-        costs = [cost_of(b, tokens) for b in buckets]
+        costs = [1 if b.kind == "requests" else tokens for b in buckets]
         allowed = all(level >= cost for level, cost in zip(levels, costs, strict=True))
         if allowed:
             levels = [level - cost for level, cost in zip(levels, costs, strict=True)]
             for bucket, level in zip(buckets, levels, strict=True):
                 self.levels[bucket.name] = (level, now)
-        return verdict(buckets, levels, costs, allowed)
+        return Verdict(allowed, buckets, levels, costs)
 
     async def charge(self, buckets: list[Bucket], tokens: int) -> None:
         now = time.monotonic()
@@ -127,20 +148,6 @@ class MemoryLimiter:
 
     async def aclose(self) -> None:
         return None
-
-
-def verdict(buckets: list[Bucket], levels: list[float], costs: list[int], allowed: bool) -> Verdict:
-    states = [
-        BucketState(b, level, (b.capacity - level) * WINDOW_SECONDS / b.capacity)
-        for b, level in zip(buckets, levels, strict=True)
-    ]
-    retry_after = 0.0
-    if not allowed:
-        retry_after = max(
-            (min(cost, b.capacity) - level) * WINDOW_SECONDS / b.capacity
-            for b, level, cost in zip(buckets, levels, costs, strict=True)
-        )
-    return Verdict(allowed, retry_after, states)
 
 
 # KEYS: bucket names. ARGV: mode ("take" | "charge"), then per bucket: capacity, cost.
@@ -207,12 +214,12 @@ class RedisLimiter:
         costs = [cost_of(b, tokens) for b in buckets]
         result = await self.run("take", buckets, costs)
         if result is None:
-            return Verdict(True, 0.0, [])
+            return Verdict(True, [], [], [])  # fail-open: admitted, nothing to report
         allowed = int(result[0]) == 1
         levels = [float(x) for x in result[1:]]
         if allowed:
-            return verdict(buckets, levels, costs, True)
-        return verdict(buckets, levels, costs, False)
+            return Verdict(True, buckets, levels, costs)
+        return Verdict(False, buckets, levels, costs)
 
     async def charge(self, buckets: list[Bucket], tokens: int) -> None:
         token_buckets = [b for b in buckets if b.kind == "tokens"]
