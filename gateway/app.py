@@ -36,6 +36,7 @@ from gateway.trace import TRACE_SCOPE_KEY
 from gateway.validation import validator_map
 
 log = logging.getLogger("chatgate")
+YOUNG_GC_THRESHOLD = 20_000
 
 
 def snake_case(operation_id: str) -> str:
@@ -106,6 +107,10 @@ def create_app(settings: Settings) -> ASGIApp:
         # of the garbage collector's scans, which otherwise stall requests for milliseconds.
         gc.collect()
         gc.freeze()
+        # A request allocates a few hundred container objects, nearly all freed by reference
+        # counting; the default (a young-generation scan every 700) ran a scan every couple of
+        # requests. Every 20,000 cost about 8% less CPU per request in the benchmark.
+        gc.set_threshold(YOUNG_GC_THRESHOLD, *gc.get_threshold()[1:])
         yield
         await runtime.aclose()
 
