@@ -105,6 +105,16 @@ class FirstChunkResult:
     p99_ms: float
     min_ms: float
 
+    @classmethod
+    def of(cls, times: list[float]) -> FirstChunkResult:
+        return cls(
+            streams=len(times),
+            p50_ms=percentile(times, 0.50),
+            p90_ms=percentile(times, 0.90),
+            p99_ms=percentile(times, 0.99),
+            min_ms=min(times),
+        )
+
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -142,7 +152,7 @@ def has_content(line: bytes) -> bool:
 
 async def first_chunk_times(
     url: str, body: bytes, headers: dict[str, str], streams: int, warmup: int = 10
-) -> FirstChunkResult:
+) -> list[float]:
     """Time from sending a streamed request to reading its first content chunk, one stream at a
     time over one kept-alive connection; each stream is read to its end before the next."""
     times: list[float] = []
@@ -161,13 +171,7 @@ async def first_chunk_times(
                 raise RuntimeError(f"{url}: a stream without a content chunk")
             if number >= warmup:
                 times.append(first * 1000)
-    return FirstChunkResult(
-        streams=len(times),
-        p50_ms=percentile(times, 0.50),
-        p90_ms=percentile(times, 0.90),
-        p99_ms=percentile(times, 0.99),
-        min_ms=min(times),
-    )
+    return times
 
 
 async def relay_rate(

@@ -173,7 +173,8 @@ def cell(value: float | None, spec: str, width: int) -> str:
 def render(results: Results) -> str:
     meta = results["meta"]
     lines = [
-        f"chatgate bench · {meta['mode']} · {meta['seconds_per_point']:g} s per point · "
+        f"chatgate bench · {meta['mode']} · medians of {meta.get('rounds', 1)} interleaved rounds of "
+        f"{meta['seconds_per_point']:g} s per point · "
         f"servers on CPU {meta['server_cores']}, wrk/nginx/clients on CPU {meta['load_cores']} · "
         f"{meta['started']}",
         *(
@@ -233,7 +234,8 @@ def render(results: Results) -> str:
                 lines.append(
                     f"{label:<44}{found['p50_ms']:>8.2f}{found['p90_ms']:>8.2f}{found['p99_ms']:>8.2f}"
                 )
-        lines.append(f"{'':<4}({next(iter(first_chunk.values()))['streams']} sequential streams each)")
+        streams = next(iter(first_chunk.values()))["streams"]
+        lines.append(f"{'':<4}({streams} sequential streams each, over the same rounds)")
     for source, message in (streaming.get("errors") or {}).items():
         lines.append(f"{STREAM_SOURCES.get(source, source)}: error: {message.splitlines()[0][:80]}")
     relay = streaming.get("relay")
@@ -313,7 +315,8 @@ def draw_chart(results: Results, path: Path) -> None:
         axes.margins(y=0.25)
     meta = results["meta"]
     figure_.suptitle(
-        f"chatgate bench ({meta['mode']}, {meta['seconds_per_point']:g} s per point, {meta['started']})"
+        f"chatgate bench ({meta['mode']}, medians of {meta.get('rounds', 1)} rounds of "
+        f"{meta['seconds_per_point']:g} s per point, {meta['started']})"
     )
     figure_.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,7 @@
 """`python -m bench`: chatgate against a direct nginx upstream and a Python floor, in one run.
 
 Servers run on the first CPU; wrk, the upstream nginx and the stream clients on the second.
-Contenders (each a separate process, started and stopped in turn):
+Contenders (each a separate process, all started at once and idle when not measured):
 
   nginx, direct        the upstream itself, answering a fixed chat.completion (and SSE stream)
   Python floor         raw ASGI + one pooled aiohttp client passing bodies through to nginx
@@ -9,6 +9,11 @@ Contenders (each a separate process, started and stopped in turn):
   chatgate, echo       the embedded backend: the gateway's own cost without an upstream
   chatgate, policy on  a key (Bearer) and in-memory rate limits too high ever to refuse
   chatgate, 2 workers  `--workers 2` on both CPUs, against the pinned single worker
+
+The points are measured in rounds, each round taking the contenders in a rotated order, and
+each figure is the median over the rounds: a shared machine's speed drifts by tens of percent
+within minutes, and interleaving lets the drift fall on every contender alike, so the ratios
+stay meaningful.
 
 It installs nothing: it says what is missing and stops. Results: a table on stdout,
 <out>/latest.json and <out>/latest.png.
@@ -24,12 +29,13 @@ import importlib.util
 import math
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +67,8 @@ ALL_CONTENDERS = tuple(report.CONTENDERS)
 @dataclass(frozen=True)
 class Profile:
     mode: str
-    seconds: float  # per wrk point
+    seconds: float  # per wrk point and round
+    rounds: int  # each point is measured once per round; the figures are the medians
     warmup: float
     first_chunk_streams: int
     relay_seconds: float
@@ -71,9 +78,9 @@ class Profile:
 
 
 PROFILES = {
-    "full": Profile("full", 10, 2, 200, 10, 100_000, 300, ALL_CONTENDERS),
-    "quick": Profile("quick", 3, 1, 100, 3, 20_000, 120, ALL_CONTENDERS),
-    "smoke": Profile("smoke", 1, 1, 20, 1, 500, 10, ("direct", "floor", "upstream", "echo")),
+    "full": Profile("full", 4, 5, 2, 300, 10, 100_000, 300, ALL_CONTENDERS),
+    "quick": Profile("quick", 1, 5, 1, 150, 3, 20_000, 120, ALL_CONTENDERS),
+    "smoke": Profile("smoke", 1, 1, 1, 20, 1, 500, 10, ("direct", "floor", "upstream", "echo")),
 }
 TOOLS = {
     "nginx": "apt-get install nginx",
@@ -106,6 +113,18 @@ class Cores:
             return cls(None, None, None)
         server, load_ = available[0], available[1]
         return cls(str(server), str(load_), f"{server},{load_}")
+
+
+@dataclass
+class Contender:
+    """A server under test, up for the whole run."""
+
+    key: str
+    server: Server
+    url: str  # the chat completions URL wrk posts to
+    stream_url: str  # where its 64-chunk stream is asked for
+    headers: dict[str, str] = field(default_factory=dict)
+    connections: tuple[int, ...] = report.CONNECTIONS
 
 
 class Bench:
@@ -205,49 +224,65 @@ class Bench:
         shares = [(used - cpu.get(pid, 0.0)) / elapsed for pid, used in server.cpu_by_process().items()]
         return result, sum(shares), sorted(shares, reverse=True)
 
-    def measure_http(
-        self,
-        key: str,
-        server: Server,
-        headers: dict[str, str] | None = None,
-        connections: tuple[int, ...] = report.CONNECTIONS,
-        after_warmup: Callable[[], None] | None = None,
-    ) -> list[load.WrkResult]:
-        headers = {"Content-Type": "application/json", **(headers or {})}
-        url = server.url + JSON_PATH
-        self.check_answer(url, headers)
-        self.wrk(server, url, 32, self.profile.warmup, **headers)
-        if after_warmup:
-            after_warmup()
-        points, runs = {}, []
-        for count in connections:
-            result, busy, by_process = self.wrk(server, url, count, self.profile.seconds, **headers)
-            points[str(count)] = {**result.as_dict(), "server_cpu": busy}
-            if len(by_process) > 1:
-                points[str(count)]["server_cpu_by_process"] = by_process
-            runs.append(result)
-            errors = f", {result.errors} ERRORS" if result.errors else ""
-            self.say(
-                f"{report.CONTENDERS[key]}, c={count}: {result.rps:,.0f} req/s, p50 {result.p50_ms:.2f} ms, "
-                f"p99 {result.p99_ms:.2f} ms, cpu {busy:.0%}{errors}"
-            )
-        self.results["http"][key] = {"label": report.CONTENDERS[key], "points": points, "error": None}
-        return runs
+    def warm(self, contender: Contender) -> None:
+        headers = {"Content-Type": "application/json", **contender.headers}
+        self.check_answer(contender.url, headers)
+        self.wrk(contender.server, contender.url, 32, self.profile.warmup, **headers)
 
-    def first_chunk(self, source: str, url: str, headers: dict[str, str] | None = None) -> None:
-        try:
-            self.check_stream(url, headers or {})
-            found = asyncio.run(
-                load.first_chunk_times(
-                    url, self.stream_body, headers_for(headers), self.profile.first_chunk_streams
+    def measure_rounds(self, contenders: dict[str, Contender]) -> dict[str, list[load.WrkResult]]:
+        """Every contender's points, round after round in rotated order; medians recorded."""
+        runs: dict[str, dict[int, list[tuple[load.WrkResult, float, list[float]]]]] = {
+            key: {count: [] for count in contender.connections} for key, contender in contenders.items()
+        }
+        keys = list(contenders)
+        for number in range(self.profile.rounds):
+            shift = number % len(keys)
+            for key in keys[shift:] + keys[:shift]:
+                contender = contenders[key]
+                headers = {"Content-Type": "application/json", **contender.headers}
+                for count in contender.connections:
+                    result, busy, by_process = self.wrk(
+                        contender.server, contender.url, count, self.profile.seconds, **headers
+                    )
+                    runs[key][count].append((result, busy, by_process))
+                    errors = f", {result.errors} ERRORS" if result.errors else ""
+                    self.say(
+                        f"round {number + 1}/{self.profile.rounds} · {report.CONTENDERS[key]}, c={count}: "
+                        f"{result.rps:,.0f} req/s, p50 {result.p50_ms:.2f} ms, p99 {result.p99_ms:.2f} ms, "
+                        f"cpu {busy:.0%}{errors}"
+                    )
+        for key, by_count in runs.items():
+            points = {str(count): median_point(found) for count, found in by_count.items()}
+            self.results["http"][key] = {"label": report.CONTENDERS[key], "points": points, "error": None}
+        return {
+            key: [result for found in by_count.values() for result, _, _ in found]
+            for key, by_count in runs.items()
+        }
+
+    def first_chunks(self, sources: dict[str, Contender]) -> None:
+        """Sequential streams through each source, in rounds like the HTTP points."""
+        times: dict[str, list[float]] = {}
+        per_round = max(1, self.profile.first_chunk_streams // self.profile.rounds)
+        for source, contender in list(sources.items()):
+            try:
+                self.check_stream(contender.stream_url, contender.headers)
+                times[source] = []
+            except Exception as error:
+                self.results["streaming"]["errors"][source] = f"{type(error).__name__}: {error}"
+                self.say(f"first chunk, {source}: {error}")
+        for _ in range(self.profile.rounds):
+            for source in times:
+                contender = sources[source]
+                found = asyncio.run(
+                    load.first_chunk_times(
+                        contender.stream_url, self.stream_body, headers_for(contender.headers), per_round
+                    )
                 )
-            )
-        except Exception as error:
-            self.results["streaming"]["errors"][source] = f"{type(error).__name__}: {error}"
-            self.say(f"first chunk, {source}: {error}")
-            return
-        self.results["streaming"]["first_chunk"][source] = found.as_dict()
-        self.say(f"first chunk, {source}: p50 {found.p50_ms:.2f} ms, p99 {found.p99_ms:.2f} ms")
+                times[source] += found
+        for source, found in times.items():
+            result = load.FirstChunkResult.of(found)
+            self.results["streaming"]["first_chunk"][source] = result.as_dict()
+            self.say(f"first chunk, {source}: p50 {result.p50_ms:.2f} ms, p99 {result.p99_ms:.2f} ms")
 
     def relay(self, server: Server) -> None:
         url = server.url + JSON_PATH
@@ -264,58 +299,9 @@ class Bench:
             f"client cpu {found.client_cpu:.0%}, {found.errors} errors)"
         )
 
-    # ----- contenders -----------------------------------------------------------------------
-
-    def contender(self, key: str, body: Callable[[], None]) -> None:
-        if key not in self.profile.contenders:
-            return
-        try:
-            body()
-        except Exception as error:
-            message = f"{type(error).__name__}: {error}"
-            self.results["http"][key] = {"label": report.CONTENDERS[key], "points": {}, "error": message}
-            self.say(f"{report.CONTENDERS[key]}: {message}")
-
-    def run_direct(self) -> None:
-        server = self.start_nginx("nginx direct", self.cores.server)
-        self.measure_http("direct", server)
-        self.first_chunk("direct", server.url + STREAM_PATH)
-        server.stop()
-
-    def run_floor(self) -> None:
-        port = free_port()
-        command = [
-            sys.executable, "-m", "uvicorn", "bench.floor:app", "--port", str(port),
-            "--loop", "uvloop", "--http", "httptools", "--lifespan", "on", "--workers", "1",
-            "--no-access-log", "--log-level", "warning",
-        ]  # fmt: skip
-        server = self.start(
-            "floor", pinned(self.cores.server, command), port, accepts_connections(port),
-            BENCH_UPSTREAM=self.upstream.url,
-        )  # fmt: skip
-        self.measure_http("floor", server)
-        self.first_chunk("floor", server.url + STREAM_PATH)
-        server.stop()
-
-    def run_upstream(self) -> None:
-        """The main contender; also the streams and the memory figures."""
-        server = self.start_chatgate("chatgate upstream", self.chatgate_config("openai-compatible"))
-        memory: dict[str, Any] = {"idle_mb": megabytes(server.rss_bytes())}
-        self.results["memory"] = memory
-
-        def after_warmup() -> None:
-            memory["warm_mb"] = megabytes(server.rss_bytes())
-
-        runs = self.measure_http("upstream", server, after_warmup=after_warmup)
-        self.first_chunk("chatgate", server.url + JSON_PATH)
-        try:
-            self.check_stream(server.url + JSON_PATH, {})
-            self.relay(server)
-        except Exception as error:
-            self.results["streaming"]["errors"]["relay"] = f"{type(error).__name__}: {error}"
-            self.say(f"relay: {error}")
-        counted = sum(run.requests for run in runs)
-        rate = max(runs[-1].rps, 1.0)
+    def memory_run(self, server: Server, counted: int, rate: float) -> None:
+        """Requests through the upstream path until the count is reached, then RSS again."""
+        memory = self.results["memory"]
         deadline = time.monotonic() + self.profile.memory_cap_seconds
         while counted < self.profile.memory_requests and time.monotonic() < deadline:
             # wrk has no request count: run it for the time the rest should take, until reached
@@ -336,14 +322,37 @@ class Bench:
             f"memory: idle {memory['idle_mb']:.1f} MB, warm {memory['warm_mb']:.1f} MB, "
             f"after {counted:,} requests {memory['after_mb']:.1f} MB"
         )
-        server.stop()
 
-    def run_echo(self) -> None:
+    # ----- contenders -----------------------------------------------------------------------
+
+    def launch_direct(self) -> Contender:
+        server = self.start_nginx("nginx direct", self.cores.server)
+        return Contender("direct", server, server.url + JSON_PATH, server.url + STREAM_PATH)
+
+    def launch_floor(self) -> Contender:
+        port = free_port()
+        command = [
+            sys.executable, "-m", "uvicorn", "bench.floor:app", "--port", str(port),
+            "--loop", "uvloop", "--http", "httptools", "--lifespan", "on", "--workers", "1",
+            "--no-access-log", "--log-level", "warning",
+        ]  # fmt: skip
+        server = self.start(
+            "floor", pinned(self.cores.server, command), port, accepts_connections(port),
+            BENCH_UPSTREAM=self.upstream.url,
+        )  # fmt: skip
+        return Contender("floor", server, server.url + JSON_PATH, server.url + STREAM_PATH)
+
+    def launch_upstream(self) -> Contender:
+        """The main contender; also the streams and the memory figures."""
+        server = self.start_chatgate("chatgate upstream", self.chatgate_config("openai-compatible"))
+        self.results["memory"] = {"idle_mb": megabytes(server.rss_bytes())}
+        return Contender("upstream", server, server.url + JSON_PATH, server.url + JSON_PATH)
+
+    def launch_echo(self) -> Contender:
         server = self.start_chatgate("chatgate echo", self.chatgate_config("echo"))
-        self.measure_http("echo", server)
-        server.stop()
+        return Contender("echo", server, server.url + JSON_PATH, server.url + JSON_PATH)
 
-    def run_policy(self) -> None:
+    def launch_policy(self) -> Contender:
         from gateway.policy.auth import new_key
 
         key, sha256 = new_key()
@@ -353,28 +362,91 @@ class Bench:
         )
         if refused.status_code != 401:
             raise RuntimeError(f"policy is not on: a request without a key got {refused.status_code}")
-        self.measure_http("policy", server, {"Authorization": f"Bearer {key}"})
-        server.stop()
+        headers = {"Authorization": f"Bearer {key}"}
+        return Contender("policy", server, server.url + JSON_PATH, server.url + JSON_PATH, headers)
 
-    def run_workers(self) -> None:
+    def launch_workers(self) -> Contender:
         server = self.start_chatgate(
             "chatgate 2 workers", self.chatgate_config("openai-compatible"), workers=2
         )
-        self.measure_http("workers2", server, connections=(32,))
-        server.stop()
+        url = server.url + JSON_PATH
+        return Contender("workers2", server, url, url, connections=(32,))
+
+    def launch(self, key: str, how: Callable[[], Contender]) -> Contender | None:
+        """Start and warm a contender; a failure is recorded against it and the run goes on."""
+        try:
+            contender = how()
+            self.warm(contender)
+            if key == "upstream":
+                self.results["memory"]["warm_mb"] = megabytes(contender.server.rss_bytes())
+        except Exception as error:
+            message = f"{type(error).__name__}: {error}"
+            self.results["http"][key] = {"label": report.CONTENDERS[key], "points": {}, "error": message}
+            self.say(f"{report.CONTENDERS[key]}: {message}")
+            return None
+        self.say(f"{report.CONTENDERS[key]}: up")
+        return contender
 
     def run(self) -> dict[str, Any]:
         self.upstream = self.start_nginx("nginx upstream", self.cores.load)
         check = httpx.post(self.upstream.url + JSON_PATH, content=self.body)
         if check.status_code != 200:
             raise RuntimeError(f"the nginx upstream answered {check.status_code}: {self.upstream.log_tail()}")
-        self.contender("direct", self.run_direct)
-        self.contender("floor", self.run_floor)
-        self.contender("upstream", self.run_upstream)
-        self.contender("echo", self.run_echo)
-        self.contender("policy", self.run_policy)
-        self.contender("workers2", self.run_workers)
+        launchers = {
+            "direct": self.launch_direct,
+            "floor": self.launch_floor,
+            "upstream": self.launch_upstream,
+            "echo": self.launch_echo,
+            "policy": self.launch_policy,
+            "workers2": self.launch_workers,
+        }
+        contenders = {}
+        for key, how in launchers.items():
+            if key in self.profile.contenders and (contender := self.launch(key, how)):
+                contenders[key] = contender
+        runs = self.measure_rounds(contenders)
+        streamers = {"direct": "direct", "floor": "floor", "upstream": "chatgate"}
+        self.first_chunks({name: contenders[key] for key, name in streamers.items() if key in contenders})
+        upstream = contenders.get("upstream")
+        if upstream is None:
+            return self.results
+        for key, contender in contenders.items():
+            if key != "upstream":
+                contender.server.stop()  # the rest runs on the upstream path alone
+        try:
+            self.check_stream(upstream.url, {})
+            self.relay(upstream.server)
+        except Exception as error:
+            self.results["streaming"]["errors"]["relay"] = f"{type(error).__name__}: {error}"
+            self.say(f"relay: {error}")
+        counted = sum(run.requests for run in runs["upstream"])
+        try:
+            self.memory_run(upstream.server, counted, max(runs["upstream"][-1].rps, 1.0))
+        except Exception as error:
+            self.results["memory"]["error"] = f"{type(error).__name__}: {error}"
+            self.say(f"memory: {error}")
         return self.results
+
+
+def median_point(found: list[tuple[load.WrkResult, float, list[float]]]) -> dict[str, Any]:
+    """One point's figures over the rounds: the median of each; requests and errors summed."""
+    results = [result for result, _, _ in found]
+    point: dict[str, Any] = {
+        "connections": results[0].connections,
+        "requests": sum(r.requests for r in results),
+        "seconds": round(sum(r.seconds for r in results), 3),
+        "errors": sum(r.errors for r in results),
+        "rounds": len(results),
+        "rps_by_round": [round(r.rps, 1) for r in results],
+    }
+    for name in ("rps", "p50_ms", "p90_ms", "p99_ms"):
+        point[name] = statistics.median(getattr(r, name) for r in results)
+    point["server_cpu"] = statistics.median(busy for _, busy, _ in found)
+    by_process = [shares for _, _, shares in found if len(shares) > 1]
+    if by_process:
+        columns = zip(*by_process, strict=False)
+        point["server_cpu_by_process"] = [statistics.median(column) for column in columns]
+    return point
 
 
 def headers_for(headers: dict[str, str] | None) -> dict[str, str]:
@@ -402,9 +474,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "streams, memory, workers. Needs nginx, wrk, taskset, aiohttp and matplotlib.",
     )
     speed = parser.add_mutually_exclusive_group()
-    speed.add_argument("--quick", action="store_true", help="3 s per point, 20,000 requests for memory")
-    speed.add_argument("--smoke", action="store_true", help="1 s per point, four contenders (for tests)")
-    parser.add_argument("--seconds", type=float, help="seconds per wrk point (overrides the mode)")
+    speed.add_argument(
+        "--quick", action="store_true", help="5 rounds of 1 s per point, 20,000 requests for memory"
+    )
+    speed.add_argument(
+        "--smoke", action="store_true", help="one round of 1 s per point, four contenders (for tests)"
+    )
+    parser.add_argument("--seconds", type=float, help="seconds per wrk point and round (overrides the mode)")
     parser.add_argument("--memory-requests", type=int, help="requests between the RSS readings")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results", help="where latest.* go")
     parser.add_argument("--no-chart", action="store_true", help="skip the PNG (no matplotlib needed)")
@@ -442,6 +518,7 @@ def main(argv: list[str] | None = None) -> int:
             "started": started.strftime("%Y-%m-%d %H:%M UTC"),
             "elapsed_s": round(elapsed, 1),
             "seconds_per_point": profile.seconds,
+            "rounds": profile.rounds,
             "memory_requests": profile.memory_requests,
             "cpus": os.cpu_count(),
             "busy_before": round(busy, 3),

@@ -397,11 +397,13 @@ class Dialect:
                     yield self.framing.keepalive
             event = first.result()
             if event is not None:
-                for chunk in self.chunks_for(ctx, event, started):
-                    yield frame(chunk)
+                # the chunks of one event go out in one write (a choice's role chunk and its
+                # first text arrive together)
+                if chunks := self.chunks_for(ctx, event, started):
+                    yield b"".join(map(frame, chunks))
                 async for event in events:
-                    for chunk in self.chunks_for(ctx, event, started):
-                        yield frame(chunk)
+                    if chunks := self.chunks_for(ctx, event, started):
+                        yield b"".join(map(frame, chunks))
         except GatewayError as error:
             yield frame(self.error_body(error, rid))
             return
