@@ -131,13 +131,23 @@ class MemoryLimiter:
 
     async def take(self, buckets: list[Bucket], tokens: int) -> Verdict:
         now = time.monotonic()
-        levels = [self.level(b, now) for b in buckets]
-        costs = [1 if b.kind == "requests" else tokens for b in buckets]
-        allowed = all(level >= cost for level, cost in zip(levels, costs, strict=True))
+        stored = self.levels
+        levels: list[float] = []
+        costs: list[int] = []
+        allowed = True
+        for bucket in buckets:  # one pass, no calls: this runs on every request
+            state = stored.get(bucket.name)
+            level: float = bucket.capacity
+            if state is not None:
+                level = min(level, state[0] + (now - state[1]) * bucket.per_second)
+            cost = 1 if bucket.kind == "requests" else tokens
+            allowed = allowed and level >= cost
+            levels.append(level)
+            costs.append(cost)
         if allowed:
-            levels = [level - cost for level, cost in zip(levels, costs, strict=True)]
-            for bucket, level in zip(buckets, levels, strict=True):
-                self.levels[bucket.name] = (level, now)
+            for index, bucket in enumerate(buckets):
+                levels[index] -= costs[index]
+                stored[bucket.name] = (levels[index], now)
         return Verdict(allowed, buckets, levels, costs)
 
     async def charge(self, buckets: list[Bucket], tokens: int) -> None:
