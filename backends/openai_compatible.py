@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -374,46 +374,59 @@ class OpenAICompatibleBackend:
 
 
 class SSEDecoder:
-    """Server-sent events → the payload of each event's `data:` lines; stops at `[DONE]`."""
+    """Server-sent events → the payload of each event's `data:` lines; stops at `[DONE]`.
 
-    __slots__ = ("buffer", "data", "done")
+    Payloads are produced lazily, event by event: a piece holding a whole stream (a fast
+    upstream) yields its first event without scanning the rest first.
+    """
+
+    __slots__ = ("buffer", "done")
 
     def __init__(self) -> None:
         self.buffer = b""
-        self.data: list[bytes] = []
         self.done = False
 
-    def feed(self, piece: bytes) -> list[bytes]:
-        lines = (self.buffer + piece if self.buffer else piece).split(b"\n")
-        self.buffer = lines.pop()  # an unfinished line waits for the next piece
-        return self.lines(lines)
+    def feed(self, piece: bytes) -> Iterator[bytes]:
+        data = self.buffer + piece if self.buffer else piece
+        held = b""
+        if b"\r" in data:  # CRLF or CR line ends become LF (a CR at the very end may be half a CRLF)
+            if data.endswith(b"\r"):
+                data, held = data[:-1], b"\r"
+            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        complete, rest = self.split_unfinished(data)
+        self.buffer = rest + held
+        return self.payloads(complete) if complete else iter(())
 
-    def close(self) -> list[bytes]:
+    def close(self) -> Iterator[bytes]:
         """The stream ended: what its last lines still hold."""
-        lines, self.buffer = [self.buffer, b""], b""
-        return self.lines(lines)
+        data, self.buffer = self.buffer.replace(b"\r\n", b"\n").replace(b"\r", b"\n"), b""
+        return self.payloads(data) if data else iter(())
 
-    def lines(self, lines: list[bytes]) -> list[bytes]:
-        payloads: list[bytes] = []
-        data = self.data
-        for line in lines:
+    @staticmethod
+    def split_unfinished(data: bytes) -> tuple[bytes, bytes]:
+        """(the complete events, the unfinished rest that waits for the next piece)."""
+        end = data.rfind(b"\n\n")
+        if end < 0:
+            return b"", data
+        return data[: end + 2], data[end + 2 :]
+
+    def payloads(self, data: bytes) -> Iterator[bytes]:
+        for event in data.split(b"\n\n"):
             if self.done:
-                break
-            if line.endswith(b"\r"):
-                line = line[:-1]
-            if not line:  # an empty line ends the event
-                if data:
-                    payloads.append(data[0] if len(data) == 1 else b"\n".join(data))
-                    data.clear()
-            elif line.startswith(b"data:"):
-                value = line[6:] if line[5:6] == b" " else line[5:]
-                if value == b"[DONE]":
-                    self.done = True
-                    data.clear()
-                else:
-                    data.append(value)
-            # other lines (comments, event:, id:, retry:) carry nothing needed here
-        return payloads
+                return
+            if not event:
+                continue
+            if event.startswith(b"data:") and b"\n" not in event:  # the usual one-line event
+                value = event[6:] if event[5:6] == b" " else event[5:]
+            else:
+                lines = [line for line in event.split(b"\n") if line.startswith(b"data:")]
+                if not lines:
+                    continue  # comments, event:, id:, retry: carry nothing needed here
+                value = b"\n".join(line[6:] if line[5:6] == b" " else line[5:] for line in lines)
+            if value == b"[DONE]":
+                self.done = True
+                return
+            yield value
 
 
 @dataclass(slots=True)

@@ -50,6 +50,7 @@ def gateway(upstream: FaultUpstream, tmp_path_factory, log_dir: Path) -> Iterato
         deployment("stall", [u("stall")], health=never_eject, retries={"attempts": 1},
                    timeouts={"first_token": 1.5, "keepalive": 0.3}),
         deployment("stall-mid", [u("stall-mid")], health=never_eject, timeouts={"idle": 1.0}),
+        deployment("stall-mid-long", [u("stall-mid")], health=never_eject, timeouts={"idle": 60.0}),
         deployment("malformed", [u("malformed")], health=never_eject),
         deployment("flaky", [u("flaky")]),
         deployment("busy-pair", [u("busy"), u("ok")], health=never_eject),
@@ -181,6 +182,22 @@ def test_stall_mid_stream_hits_the_idle_timeout(gateway, dialect):
     assert events[1]["choices"][0]["delta"]["content"] == "fine"
     assert "idle between chunks" in error_of(dialect, events[-1])
     assert finish_reasons(events) == []
+
+
+def test_a_client_that_goes_away_mid_stream_is_noticed_and_the_upstream_hung_up_on(gateway, upstream):
+    body = {"model": "stall-mid-long", "messages": USER, "stream": True}
+    with httpx.stream("POST", f"{gateway}{URLS['openai']}", json=body, timeout=30) as response:
+        lines = response.iter_lines()
+        while '"fine"' not in next(lines):
+            pass
+        assert upstream.answering["stall-mid"] == 1  # the upstream is silent now, the stream open
+    # the client hung up: the gateway stops waiting for the silent upstream long before its
+    # 60 s idle timeout, and closes that connection too
+    deadline = time.monotonic() + 5
+    while upstream.answering["stall-mid"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert upstream.answering["stall-mid"] == 0
+    assert metrics(gateway)["chatgate_requests_in_flight"] == 0
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import orjson
 from connexion.context import scope as request_scope
 from starlette.datastructures import Headers
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 from starlette.types import Scope
 
 from gateway.canonical import (
@@ -34,6 +34,7 @@ from gateway.canonical import (
 from gateway.errors import Forbidden, GatewayError, InternalError, UnprocessableContent
 from gateway.framing import SSE, Framing
 from gateway.policy.auth import Caller
+from gateway.streaming import EventStreamResponse
 from gateway.trace import TRACE_SCOPE_KEY, RequestTrace
 from gateway.validation import BODY_SCOPE_KEY
 
@@ -374,7 +375,7 @@ class Dialect:
         if first.done() and first.exception() is not None:
             await events.aclose()
             raise first.exception()
-        return StreamingResponse(
+        return EventStreamResponse(
             self.stream(ctx, first, events, scope.get(REQUEST_ID_SCOPE_KEY, ""), keepalive),
             media_type=self.framing.media_type,
             headers=admission.headers,
