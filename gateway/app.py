@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Scope
 
+from gateway.access_log import AccessLog
 from gateway.chat_router import ChatOperation, ChatRouter, compile_operation
 from gateway.config import Settings
 from gateway.dialects import DIALECTS
@@ -98,7 +99,7 @@ def error_response(dialect: Dialect, error: GatewayError, scope: Scope) -> Respo
     )
 
 
-def create_app(settings: Settings) -> ASGIApp:
+def create_app(settings: Settings, access_log: AccessLog | None = None) -> ASGIApp:
     runtime = Runtime(settings)
 
     @contextlib.asynccontextmanager
@@ -190,4 +191,6 @@ def create_app(settings: Settings) -> ASGIApp:
         settings.server.max_body_bytes,
         error_response,
     )
-    return GatewayMiddleware(chat_router, runtime.keys, runtime.metrics, mounts.name_for)
+    return GatewayMiddleware(
+        chat_router, runtime.keys, runtime.metrics, mounts.name_for, access_log or AccessLog(None)
+    )

@@ -7,13 +7,15 @@ import sys
 
 from starlette.types import ASGIApp
 
+from gateway.access_log import AccessLog
 from gateway.app import create_app
 from gateway.config import ConfigError, load_settings
 
 
 def create() -> ASGIApp:
     try:
-        return create_app(load_settings(os.environ.get("CHATGATE_CONFIG") or None))
+        settings = load_settings(os.environ.get("CHATGATE_CONFIG") or None)
+        return create_app(settings, AccessLog.from_environment())
     except ConfigError as error:  # say what is wrong, not a traceback
         print(f"chatgate: {error}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None

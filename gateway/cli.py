@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from gateway.access_log import ENV as ACCESS_LOG_ENV
 from gateway.config import ConfigError, load_settings
 from gateway.metrics import MULTIPROC_ENV
 
@@ -31,9 +32,7 @@ def serve(
     port: Annotated[int | None, typer.Option(help="Port to bind (overrides config).")] = None,
     workers: Annotated[int, typer.Option(min=1, help="Worker processes (share limits through Redis).")] = 1,
     log_level: Annotated[str, typer.Option(help="Log level.")] = "info",
-    access_log: Annotated[
-        bool, typer.Option(help="One JSON line per request on stdout (logger chatgate.access).")
-    ] = True,
+    access_log: Annotated[bool, typer.Option(help="One JSON line per chat request on stdout.")] = True,
 ) -> None:
     """Serve every configured dialect."""
     import uvicorn
@@ -48,7 +47,8 @@ def serve(
     if workers > 1 and not os.environ.get(MULTIPROC_ENV):
         # prometheus_client aggregates the workers' metrics through files in this folder
         os.environ[MULTIPROC_ENV] = tempfile.mkdtemp(prefix="chatgate-metrics-")
-    log_config = logging_config(log_level, access_log)
+    os.environ[ACCESS_LOG_ENV] = "1" if access_log else "0"  # read by each worker's app
+    log_config = logging_config(log_level)
     uvicorn.run(
         "gateway.asgi:create",
         log_config=log_config,
@@ -64,23 +64,12 @@ def serve(
     )
 
 
-def logging_config(level: str, access_log: bool) -> dict:
-    """uvicorn's logging, plus the root logger at `level` and the JSON access log on stdout."""
+def logging_config(level: str) -> dict:
+    """uvicorn's logging, plus the root logger at `level`."""
     import uvicorn
 
     config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
     config["loggers"][""] = {"handlers": ["default"], "level": level.upper()}
-    config["formatters"]["json_line"] = {"format": "%(message)s"}
-    config["handlers"]["access_json"] = {
-        "class": "logging.StreamHandler",
-        "formatter": "json_line",
-        "stream": "ext://sys.stdout",
-    }
-    config["loggers"]["chatgate.access"] = {
-        "handlers": ["access_json"],
-        "level": "INFO" if access_log else "CRITICAL",
-        "propagate": False,
-    }
     return config
 
 

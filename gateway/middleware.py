@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.access_log import log_access
+from gateway.access_log import AccessLog
 from gateway.dialects.base import REQUEST_ID_SCOPE_KEY
 from gateway.metrics import Metrics
 from gateway.policy.auth import KEY_STORE_SCOPE_KEY, KeyStore
@@ -29,11 +29,13 @@ class GatewayMiddleware:
         key_store: KeyStore,
         metrics: Metrics,
         dialect_for: Callable[[str], str | None],
+        access_log: AccessLog,
     ) -> None:
         self.app = app
         self.key_store = key_store
         self.metrics = metrics
         self.dialect_for = dialect_for
+        self.access_log = access_log
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -63,7 +65,7 @@ class GatewayMiddleware:
             if not trace.status:
                 trace.status = 499  # the client went away before an answer started
             self.metrics.finished(trace, seconds)
-            log_access(trace, seconds)
+            self.access_log.write(trace, seconds)
 
     @staticmethod
     def with_request_id(send: Send, request_id: bytes, trace: RequestTrace | None) -> Send:
