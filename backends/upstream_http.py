@@ -259,13 +259,17 @@ class Pool:
         max_keepalive: int,
         keepalive_seconds: float,
         connect_timeout: float,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
+        """`ssl_context` for https (default: the system's CAs, hostnames checked)."""
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"not an http(s) URL: {base_url}")
         self.host = parts.hostname
         self.port = parts.port or (443 if parts.scheme == "https" else 80)
-        self.ssl: ssl.SSLContext | None = ssl.create_default_context() if parts.scheme == "https" else None
+        self.ssl: ssl.SSLContext | None = None
+        if parts.scheme == "https":
+            self.ssl = ssl_context or ssl.create_default_context()
         default_port = (parts.scheme == "https" and self.port == 443) or self.port == 80
         host_header = parts.netloc.rpartition("@")[2] if not default_port else self.host
         if ":" in self.host and default_port:

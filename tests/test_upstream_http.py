@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Awaitable, Callable
 
 import pytest
+import trustme
 
 from backends.upstream_http import ConnectError, Pool, PoolTimeout, ProtocolError
 from tests.loopback_server import LoopbackServer
@@ -270,3 +272,39 @@ def test_a_large_answer_is_read_whole_through_flow_control():
             return b"".join(pieces)
 
         assert run(go()) == payload
+
+
+def test_https_with_the_certificate_checked():
+    authority = trustme.CA()
+    served = authority.issue_cert("127.0.0.1")
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    served.configure_cert(server_context)
+    client_context = ssl.create_default_context()
+    authority.configure_trust(client_context)
+
+    async def go() -> tuple[int, bytes]:
+        async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b"\r\n\r\n")
+            await reader.readexactly(2)
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 6\r\n\r\nsecret")
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(answer, "127.0.0.1", 0, ssl=server_context)
+        port = server.sockets[0].getsockname()[1]
+        options = {"max_connections": 1, "max_keepalive": 1, "keepalive_seconds": 5, "connect_timeout": 5}
+        try:
+            pool = Pool(f"https://127.0.0.1:{port}/v1", {}, ssl_context=client_context, **options)
+            response = await pool.post("/v1/chat/completions", b"{}")
+            body = await response.read()
+            response.close()
+            await pool.aclose()
+            # without the authority's certificate the same server is refused
+            untrusting = Pool(f"https://127.0.0.1:{port}/v1", {}, **options)
+            with pytest.raises(ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+                await untrusting.post("/v1/chat/completions", b"{}")
+            return response.status, body
+        finally:
+            server.close()
+
+    assert run(go()) == (200, b"secret")
