@@ -22,6 +22,7 @@ from gateway.policy.extra_params import HEADER as EXTRA_PARAMS_HEADER
 from gateway.policy.extra_params import apply_extra_params, resolve_policy
 from gateway.policy.limits import (
     Bucket,
+    RawHeaders,
     buckets_for,
     create_limiter,
     limited_kinds,
@@ -50,7 +51,7 @@ class Admission:
     deployment: LiveDeployment
     caller: Caller
     buckets: list[Bucket] = field(default_factory=list)
-    headers: dict[str, str] = field(default_factory=dict)
+    headers: RawHeaders = field(default_factory=list)  # sent with the answer: x-ratelimit-*
 
 
 class Runtime:

@@ -9,19 +9,22 @@ client going away and then cancels the sending, so a stalled upstream is hung up
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 
 class EventStreamResponse(Response):
-    def __init__(self, body: AsyncIterator[bytes], media_type: str, headers: Mapping[str, str]) -> None:
+    def __init__(
+        self, body: AsyncIterator[bytes], media_type: str, raw_headers: list[tuple[bytes, bytes]]
+    ) -> None:
         self.body_iterator = body
         self.status_code = 200
         self.media_type = media_type
         self.background = None
-        self.init_headers(headers)
+        self.init_headers()
+        self.raw_headers += raw_headers
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         task = asyncio.current_task()

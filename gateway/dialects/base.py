@@ -362,11 +362,9 @@ class Dialect:
         )
         if not request.stream:
             completion = await gather(events, request.n)
-            return Response(
-                orjson.dumps(self.completion_body(ctx, completion)),
-                media_type=JSON,
-                headers=admission.headers,
-            )
+            response = Response(orjson.dumps(self.completion_body(ctx, completion)), media_type=JSON)
+            response.raw_headers += admission.headers
+            return response
         # Wait for the first event a little: errors before the first byte are still HTTP
         # errors. If it is slow, start the stream and keep it alive while waiting.
         first = asyncio.ensure_future(anext(events, None))
@@ -377,8 +375,8 @@ class Dialect:
             raise first.exception()
         return EventStreamResponse(
             self.stream(ctx, first, events, scope.get(REQUEST_ID_SCOPE_KEY, ""), keepalive),
-            media_type=self.framing.media_type,
-            headers=admission.headers,
+            self.framing.media_type,
+            admission.headers,
         )
 
     async def stream(

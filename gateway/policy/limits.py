@@ -69,26 +69,28 @@ def cost_of(bucket: Bucket, tokens: int) -> int:
 
 
 RATE_HEADER_NAMES = {
-    kind: (f"x-ratelimit-limit-{kind}", f"x-ratelimit-remaining-{kind}", f"x-ratelimit-reset-{kind}")
+    kind: tuple(f"x-ratelimit-{part}-{kind}".encode() for part in ("limit", "remaining", "reset"))
     for kind in ("requests", "tokens")
 }
+RawHeaders = list[tuple[bytes, bytes]]
 
 
-def rate_headers(verdict: Verdict) -> dict[str, str]:
-    """OpenAI-style x-ratelimit-* headers from the tightest bucket of each kind."""
+def rate_headers(verdict: Verdict) -> RawHeaders:
+    """OpenAI-style x-ratelimit-* headers from the tightest bucket of each kind, as the raw
+    (name, value) pairs a response sends: they go out with every admitted request."""
     tightest: dict[str, tuple[float, Bucket]] = {}
     for bucket, level in zip(verdict.buckets, verdict.levels, strict=True):
         found = tightest.get(bucket.kind)
         if found is None or level < found[0]:
             tightest[bucket.kind] = (level, bucket)
-    headers: dict[str, str] = {}
+    raw: RawHeaders = []
     for kind, (limit, remaining, reset) in RATE_HEADER_NAMES.items():
         if kind in tightest:
             level, bucket = tightest[kind]
-            headers[limit] = str(bucket.capacity)
-            headers[remaining] = str(math.floor(level)) if level > 0 else "0"
-            headers[reset] = f"{math.ceil((bucket.capacity - level) / bucket.per_second)}s"
-    return headers
+            raw.append((limit, b"%d" % bucket.capacity))
+            raw.append((remaining, b"%d" % math.floor(level) if level > 0 else b"0"))
+            raw.append((reset, b"%ds" % math.ceil((bucket.capacity - level) / bucket.per_second)))
+    return raw
 
 
 def limited_kinds(verdict: Verdict) -> str:
@@ -102,7 +104,8 @@ def refused(verdict: Verdict) -> TooManyRequests:
     return TooManyRequests(
         f"Rate limit reached for {limited_kinds(verdict)}; retry after {retry_after} seconds.",
         code="RateLimitExceeded",
-        headers={"Retry-After": str(retry_after), **rate_headers(verdict)},
+        headers={"Retry-After": str(retry_after)}
+        | {name.decode(): value.decode() for name, value in rate_headers(verdict)},
     )
 
 
