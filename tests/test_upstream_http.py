@@ -71,6 +71,19 @@ def run(coroutine: Awaitable) -> object:
     return asyncio.run(asyncio.wait_for(coroutine, 20))
 
 
+async def bodies_of(server: ScriptedServer, requests: int, pause: float = 0.0) -> list[bytes]:
+    """POST `requests` times one after another through one pool; each answer's whole body."""
+    pool = pool_for(server)
+    bodies = []
+    for _ in range(requests):
+        response = await pool.post("/x", b"{}")
+        bodies.append(await response.read())
+        response.close()
+        await asyncio.sleep(pause)
+    await pool.aclose()
+    return bodies
+
+
 def test_answers_are_read_whole_over_one_kept_alive_connection():
     with ScriptedServer(fixed(200, b'{"ok": true}', "content-type: application/json")) as server:
 
@@ -133,18 +146,7 @@ def test_a_body_that_ends_with_the_connection_is_read_and_the_connection_not_kep
         return False
 
     with ScriptedServer(answer) as server:
-
-        async def go() -> list[bytes]:
-            pool = pool_for(server)
-            bodies = []
-            for _ in range(2):
-                response = await pool.post("/x", b"{}")
-                bodies.append(await response.read())
-                response.close()
-            await pool.aclose()
-            return bodies
-
-        assert run(go()) == [b"all of it"] * 2
+        assert run(bodies_of(server, 2)) == [b"all of it"] * 2
     assert server.connections == 2
 
 
@@ -239,19 +241,7 @@ def test_a_connection_the_upstream_closed_while_idle_is_not_reused():
         return False  # keep-alive was promised, but the server hangs up when idle
 
     with ScriptedServer(answer) as server:
-
-        async def go() -> list[bytes]:
-            pool = pool_for(server)
-            bodies = []
-            for _ in range(3):
-                response = await pool.post("/x", b"{}")
-                bodies.append(await response.read())
-                response.close()
-                await asyncio.sleep(0.2)
-            await pool.aclose()
-            return bodies
-
-        assert run(go()) == [b"ok"] * 3
+        assert run(bodies_of(server, 3, pause=0.2)) == [b"ok"] * 3
     assert server.connections == 3
 
 
