@@ -18,6 +18,7 @@ CONNECTIONS = (1, 32)
 CONTENDERS = {  # key → label, in table order
     "direct": "nginx, direct",
     "floor": "Python floor (uvicorn+aiohttp)",
+    "lean_floor": "Python floor (chatgate's pool)",
     "upstream": "chatgate → nginx",
     "echo": "chatgate, echo backend",
     "policy": "chatgate → nginx, policy on",
@@ -102,6 +103,10 @@ def added_p50(contender: str, base: str) -> Callable[[Results], float | None]:
 RATIOS = [
     Ratio("upstream_over_floor_c32", "chatgate/floor req/s, c=32", rps_ratio("upstream", "floor"), "%", 0.60),
     Ratio("upstream_over_floor_c1", "chatgate/floor req/s, c=1", rps_ratio("upstream", "floor", 1), "%"),
+    Ratio(
+        "upstream_over_lean_floor_c32", "chatgate/lean floor req/s, c=32",
+        rps_ratio("upstream", "lean_floor"), "%",
+    ),
     Ratio("upstream_over_direct_c32", "chatgate/direct req/s, c=32", rps_ratio("upstream", "direct"), "%"),
     Ratio("upstream_over_direct_c1", "chatgate/direct req/s, c=1", rps_ratio("upstream", "direct", 1), "%"),
     Ratio(

@@ -5,6 +5,7 @@ Contenders (each a separate process, all started at once and idle when not measu
 
   nginx, direct        the upstream itself, answering a fixed chat.completion (and SSE stream)
   Python floor         raw ASGI + one pooled aiohttp client passing bodies through to nginx
+  lean floor           the same with chatgate's own upstream pool: what is left is chatgate's work
   chatgate → nginx     openai-compatible backend; also streams, memory over many requests
   chatgate, echo       the embedded backend: the gateway's own cost without an upstream
   chatgate, policy on  a key (Bearer) and in-memory rate limits too high ever to refuse
@@ -80,7 +81,7 @@ class Profile:
 PROFILES = {
     "full": Profile("full", 4, 5, 2, 300, 10, 100_000, 300, ALL_CONTENDERS),
     "quick": Profile("quick", 1, 5, 1, 150, 3, 20_000, 120, ALL_CONTENDERS),
-    "smoke": Profile("smoke", 1, 1, 1, 20, 1, 500, 10, ("direct", "floor", "upstream", "echo")),
+    "smoke": Profile("smoke", 1, 1, 1, 20, 1, 500, 10, ("direct", "floor", "lean_floor", "upstream", "echo")),
 }
 TOOLS = {
     "nginx": "apt-get install nginx",
@@ -329,18 +330,18 @@ class Bench:
         server = self.start_nginx("nginx direct", self.cores.server)
         return Contender("direct", server, server.url + JSON_PATH, server.url + STREAM_PATH)
 
-    def launch_floor(self) -> Contender:
+    def launch_floor(self, key: str = "floor", app: str = "bench.floor:app") -> Contender:
         port = free_port()
         command = [
-            sys.executable, "-m", "uvicorn", "bench.floor:app", "--port", str(port),
+            sys.executable, "-m", "uvicorn", app, "--port", str(port),
             "--loop", "uvloop", "--http", "httptools", "--lifespan", "on", "--workers", "1",
             "--no-access-log", "--log-level", "warning",
         ]  # fmt: skip
         server = self.start(
-            "floor", pinned(self.cores.server, command), port, accepts_connections(port),
+            key, pinned(self.cores.server, command), port, accepts_connections(port),
             BENCH_UPSTREAM=self.upstream.url,
         )  # fmt: skip
-        return Contender("floor", server, server.url + JSON_PATH, server.url + STREAM_PATH)
+        return Contender(key, server, server.url + JSON_PATH, server.url + STREAM_PATH)
 
     def launch_upstream(self) -> Contender:
         """The main contender; also the streams and the memory figures."""
@@ -395,6 +396,7 @@ class Bench:
         launchers = {
             "direct": self.launch_direct,
             "floor": self.launch_floor,
+            "lean_floor": lambda: self.launch_floor("lean_floor", "bench.floor:lean_app"),
             "upstream": self.launch_upstream,
             "echo": self.launch_echo,
             "policy": self.launch_policy,
@@ -478,7 +480,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--quick", action="store_true", help="5 rounds of 1 s per point, 20,000 requests for memory"
     )
     speed.add_argument(
-        "--smoke", action="store_true", help="one round of 1 s per point, four contenders (for tests)"
+        "--smoke", action="store_true", help="one round of 1 s per point, five contenders (for tests)"
     )
     parser.add_argument("--seconds", type=float, help="seconds per wrk point and round (overrides the mode)")
     parser.add_argument("--memory-requests", type=int, help="requests between the RSS readings")
