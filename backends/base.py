@@ -51,6 +51,10 @@ class Capabilities:
     max_n: int = 1
     max_top_logprobs: int = 0
     context_length: int = 8192
+    # The most tokens one choice may hold (a request asking for more gets 422), and what a
+    # request that names no limit gets; None: the backend decides.
+    max_output_tokens: int | None = None
+    default_max_tokens: int | None = None
 
 
 class Backend(Protocol):

@@ -6,6 +6,8 @@ forced tool_choice, streaming, usage) so every dialect can be exercised end to e
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import re
 import zlib
 from collections.abc import AsyncIterator
@@ -19,6 +21,7 @@ from gateway.canonical import (
     ChatRequest,
     Event,
     Finish,
+    FinishReason,
     TextDelta,
     TokenLogprob,
     ToolCallDelta,
@@ -35,6 +38,8 @@ CANONICAL_PARAMETERS = (
 PREFIX = "[chatgate echo backend, not a language model] You said:"
 TOKEN = re.compile(r"\s*\S+|\s+")
 MESSAGE_OVERHEAD_TOKENS = 3  # role and separators, as chat templates add them
+SLICE_TOKENS = 256  # tokens per event of an answer that is not streamed
+COUNT_SLICE_CHARS = 256 * 1024  # prompt characters counted between two turns of the loop
 
 
 def tokenize(text: str) -> list[str]:
@@ -42,10 +47,34 @@ def tokenize(text: str) -> list[str]:
     return TOKEN.findall(text)
 
 
-def count_prompt_tokens(messages: list[dict[str, Any]]) -> int:
+def count_tokens(text: str) -> int:
+    """len(tokenize(text)), without building the list: one token per run of non-space (the
+    space before it included), and one for trailing space."""
+    return len(text.split()) + (1 if text and text[-1].isspace() else 0)
+
+
+async def count_prompt_tokens(messages: list[dict[str, Any]]) -> int:
+    """The prompt's tokens, counted a slice at a time with a turn for the loop between slices
+    (a 4 MB prompt takes about 70 ms to count, far too long to hold the loop)."""
     total = 0
+    budget = COUNT_SLICE_CHARS
     for message in messages:
-        total += MESSAGE_OVERHEAD_TOKENS + len(tokenize(message_text(message)))
+        text = message_text(message)
+        total += MESSAGE_OVERHEAD_TOKENS
+        if len(text) <= budget:
+            total += count_tokens(text)
+            budget -= len(text)
+            continue
+        for start in range(0, len(text), COUNT_SLICE_CHARS):
+            piece = text[start : start + COUNT_SLICE_CHARS]
+            total += len(piece.split())
+            # a word cut in two by the slice boundary was counted twice
+            if start and piece[:1] and not piece[0].isspace() and not text[start - 1].isspace():
+                total -= 1
+            await asyncio.sleep(0)
+        if text[-1].isspace():
+            total += 1
+        budget = COUNT_SLICE_CHARS
     return total
 
 
@@ -130,6 +159,10 @@ class EchoBackend:
         max_n=128,
         max_top_logprobs=20,
         context_length=1 << 21,  # above the largest documented max_tokens plus a prompt
+        # bounded like a model's answer when the request names no limit (a long prompt echoed
+        # n times must not become hundreds of megabytes); any documented max_tokens is taken,
+        # and server.max_response_bytes bounds what that may build
+        default_max_tokens=4096,
     )
 
     def __init__(self, model: str = "echo", **_: Any) -> None:
@@ -180,39 +213,60 @@ class EchoBackend:
 
     async def generate(self, request: ChatRequest) -> AsyncIterator[Event]:
         text, tool_call = self.reply_for(request)
-        prompt_tokens = count_prompt_tokens(request.messages)
+        prompt_tokens = await count_prompt_tokens(request.messages)
         completion_tokens = 0
         seed = request.seed or 0
+        words = Words(text, request)
+        # Nobody sees the pieces of an answer that is not streamed: one event per slice of
+        # tokens (one for a usual answer); a stream gets one event per token. Either way the
+        # loop gets a turn every slice, so a long answer never holds it.
+        step, turn_every = (1, SLICE_TOKENS) if request.stream else (SLICE_TOKENS, 1)
         for index in range(request.n):
             if tool_call is not None:
                 yield replace(tool_call, index=index)
                 completion_tokens += len(tokenize(tool_call.arguments))
                 yield Finish(index, "tool_calls")
                 continue
-            tokens, reason = self.cut(text, request)
-            logprobs = None
-            if request.logprobs:
-                logprobs = [
-                    token_logprob(token, position, seed, request.top_logprobs)
-                    for position, token in enumerate(tokens)
-                ]
-            if not request.stream:  # nobody sees the pieces: one event per choice
-                yield TextDelta(index, "".join(tokens), logprobs)
-            else:
-                for position, token in enumerate(tokens):
-                    yield TextDelta(index, token, logprobs[position : position + 1] if logprobs else None)
-            completion_tokens += len(tokens)
-            yield Finish(index, reason)
+            start = 0
+            while piece := words.between(start, start + step):
+                logprobs = None
+                if request.logprobs:
+                    logprobs = [
+                        token_logprob(token, start + offset, seed, request.top_logprobs)
+                        for offset, token in enumerate(piece)
+                    ]
+                yield TextDelta(index, "".join(piece), logprobs)
+                start += len(piece)
+                if (start // step) % turn_every == 0:
+                    await asyncio.sleep(0)
+            completion_tokens += start
+            yield Finish(index, words.reason)
         yield Usage(prompt_tokens, completion_tokens)
 
-    @staticmethod
-    def cut(text: str, request: ChatRequest) -> tuple[list[str], str]:
-        """Apply stop sequences, then max_tokens, and say why generation ended."""
-        reason = "stop"
+
+class Words:
+    """The reply's tokens after stop sequences and max_tokens, split off a slice at a time as
+    they are sent (a long prompt echoed under a small limit, or to a client that leaves early,
+    costs only what is sent) and kept for the next choice."""
+
+    def __init__(self, text: str, request: ChatRequest) -> None:
+        self.reason: FinishReason = "stop"
         cut_at = min((p for s in request.stop if s and (p := text.find(s)) >= 0), default=-1)
         if cut_at >= 0:
-            text, reason = text[:cut_at], "stop_sequence"
-        tokens = tokenize(text)
-        if request.max_tokens is not None and len(tokens) > request.max_tokens:
-            tokens, reason = tokens[: request.max_tokens], "length"
-        return tokens, reason
+            text, self.reason = text[:cut_at], "stop_sequence"
+        self.rest = TOKEN.finditer(text)
+        self.limit = request.max_tokens
+        self.split: list[str] = []
+
+    def between(self, start: int, stop: int) -> list[str]:
+        """Tokens start..stop (fewer at the end)."""
+        if self.limit is not None:
+            stop = min(stop, self.limit)
+        missing = stop - len(self.split)
+        if missing > 0 and self.rest is not None:
+            self.split += [match.group() for match in itertools.islice(self.rest, missing)]
+            if len(self.split) < stop:
+                self.rest = None  # the text is used up
+            elif len(self.split) == self.limit and next(self.rest, None) is not None:
+                self.rest, self.reason = None, "length"
+        return self.split[start:stop]

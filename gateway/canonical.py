@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from gateway.errors import BadGateway
 
 # Canonical finish reasons; each dialect maps them to its own words.
 FinishReason = Literal["stop", "stop_sequence", "length", "tool_calls", "content_filter"]
@@ -112,21 +115,60 @@ class Completion:
     usage: Usage
 
 
-async def gather(events, n: int) -> Completion:
-    """Fold a backend's event stream into a whole completion."""
+# Bytes a logprob entry takes in a rendered answer besides its token (JSON keys, the number,
+# the token's `bytes` list): an estimate, close enough to bound an answer before it is built.
+LOGPROB_ENTRY_BYTES = 64
+
+
+def rendered_size(event: Event) -> int:
+    """About how many bytes an event adds to a rendered answer."""
+    if isinstance(event, TextDelta):
+        size = len(event.text)
+        if event.logprobs:
+            for entry in event.logprobs:
+                size += LOGPROB_ENTRY_BYTES + 4 * len(entry.token)
+                for top in entry.top:
+                    size += LOGPROB_ENTRY_BYTES + 4 * len(top.token)
+        return size
+    if isinstance(event, ToolCallDelta):
+        return len(event.arguments) + len(event.name) + len(event.id)
+    return 0
+
+
+async def gather(events: AsyncIterator[Event], n: int, max_bytes: int | None = None) -> Completion:
+    """Fold a backend's event stream into a whole completion, refusing to hold more than
+    about `max_bytes` of it."""
     choices = [Choice(index=i) for i in range(n)]
+    texts: list[list[str]] = [[] for _ in range(n)]
     usage = Usage(0, 0)
+    size = 0
     async for event in events:
+        if max_bytes is not None:
+            size += rendered_size(event)
+            if size > max_bytes:
+                raise answer_too_large(max_bytes)
         match event:
             case TextDelta(index=i, text=text, logprobs=logprobs):
-                choice = choices[i]
-                choice.text += text
+                texts[i].append(text)
                 if logprobs is not None:
-                    choice.logprobs = (choice.logprobs or []) + logprobs
+                    choice = choices[i]
+                    if choice.logprobs is None:
+                        choice.logprobs = []
+                    choice.logprobs.extend(logprobs)
             case ToolCallDelta(index=i):
                 choices[i].tool_calls.append(event)
             case Finish(index=i, reason=reason):
                 choices[i].finish_reason = reason
             case Usage():
                 usage = event
+    for choice, parts in zip(choices, texts, strict=True):
+        choice.text = "".join(parts)
     return Completion(choices=choices, usage=usage)
+
+
+def answer_too_large(limit: int) -> BadGateway:
+    return BadGateway(
+        f"The answer is larger than the gateway relays ({limit} bytes); ask for less "
+        "(max_tokens, n, top_logprobs).",
+        code="ResponseTooLarge",
+    )

@@ -48,6 +48,12 @@ class DeploymentCapabilities(Strict):
     unsupported_parameters: list[str] = Field(default_factory=list)
     context_length: int | None = Field(default=None, ge=1)
     max_n: int | None = Field(default=None, ge=1)
+    max_output_tokens: int | None = Field(
+        default=None, ge=1, description="most tokens one choice may hold; more is refused with 422"
+    )
+    default_max_tokens: int | None = Field(
+        default=None, ge=1, description="the limit a request that sets none gets"
+    )
 
 
 class Replica(Strict):
@@ -167,6 +173,11 @@ class Server(Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    max_response_bytes: int = Field(
+        default=32 * 1024 * 1024,
+        ge=1024,
+        description="largest answer relayed; past it a JSON answer is a 502 and a stream ends with an error",
+    )
 
 
 class Settings(Strict):

@@ -21,6 +21,8 @@ from gateway.metrics import Metrics
 from gateway.router import LiveDeployment, Replica
 from gateway.trace import RequestTrace
 
+# Longest run of events relayed without giving the event loop a turn.
+TURN_SECONDS = 0.005
 # Upstream failures worth another replica: it is down, broken, or busy.
 RETRYABLE = (BadGateway, ServiceUnavailable, TooManyRequests, GatewayTimeout)
 
@@ -176,6 +178,8 @@ class Dispatcher:
         """The rest of a stream that has begun: idle and total timeouts, health verdict."""
         idle = live.config.timeouts.idle
         event = first
+        clock = watchdog.loop.time
+        turn_at = clock() + TURN_SECONDS
         try:
             while event is not None:
                 if isinstance(event, TextDelta | ToolCallDelta):
@@ -186,6 +190,13 @@ class Dispatcher:
                     if on_usage is not None:
                         await on_usage(event)
                 yield event
+                if clock() >= turn_at:
+                    # A backend with events ready (echo, a buffered upstream) and a client that
+                    # takes them without waiting (or has gone, so sends return at once) would
+                    # never suspend: give the loop a turn, so other requests are served and a
+                    # disconnect is heard (it cancels this task here).
+                    await asyncio.sleep(0)
+                    turn_at = clock() + TURN_SECONDS
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise GatewayTimeout("The request took longer than its total time.", code="TotalTimeout")

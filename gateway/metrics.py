@@ -15,6 +15,7 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    ProcessCollector,
     generate_latest,
 )
 from prometheus_client.metrics import MetricWrapperBase
@@ -37,6 +38,8 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self.multiprocess = bool(os.environ.get(MULTIPROC_ENV))
         registry = self.registry
+        if not self.multiprocess:  # the process's memory, CPU and open files (one process)
+            ProcessCollector(registry=registry)
         self.requests = Counter(
             "chatgate_requests", "Chat API requests answered, by dialect, deployment and status.",
             ["dialect", "deployment", "status"], registry=registry,

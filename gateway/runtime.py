@@ -85,6 +85,8 @@ class Runtime:
         request.deployment = deployment.name
         prompt_tokens = estimate_prompt_tokens(request.messages)
         capabilities.check(request, deployment.capabilities, prompt_tokens)
+        if request.max_tokens is None:  # bounded like a model's answer, where the deployment says
+            request.max_tokens = deployment.capabilities.default_max_tokens
         self.content_filter.check_prompt(request.messages)
         admission = Admission(deployment, caller)
         admission.buckets = [*self.key_limits.get(caller.name, []), *deployment.buckets]

@@ -29,6 +29,7 @@ from gateway.canonical import (
     TokenLogprob,
     ToolCallDelta,
     Usage,
+    answer_too_large,
     gather,
 )
 from gateway.errors import Forbidden, GatewayError, InternalError, UnprocessableContent
@@ -361,7 +362,7 @@ class Dialect:
             request=request,
         )
         if not request.stream:
-            completion = await gather(events, request.n)
+            completion = await gather(events, request.n, self.runtime.settings.server.max_response_bytes)
             response = Response(orjson.dumps(self.completion_body(ctx, completion)), media_type=JSON)
             response.raw_headers += admission.headers
             return response
@@ -389,6 +390,7 @@ class Dialect:
     ) -> AsyncIterator[bytes]:
         frame = self.framing.frame
         started: set[int] = set()
+        room = self.runtime.settings.server.max_response_bytes
         try:
             while not first.done():
                 await asyncio.wait({first}, timeout=keepalive)
@@ -399,10 +401,16 @@ class Dialect:
                 # the chunks of one event go out in one write (a choice's role chunk and its
                 # first text arrive together)
                 if chunks := self.chunks_for(ctx, event, started):
-                    yield b"".join(map(frame, chunks))
+                    data = b"".join(map(frame, chunks))
+                    room -= len(data)
+                    yield data
                 async for event in events:
                     if chunks := self.chunks_for(ctx, event, started):
-                        yield b"".join(map(frame, chunks))
+                        data = b"".join(map(frame, chunks))
+                        room -= len(data)
+                        if room < 0:
+                            raise answer_too_large(self.runtime.settings.server.max_response_bytes)
+                        yield data
         except GatewayError as error:
             yield frame(self.error_body(error, rid))
             return

@@ -54,10 +54,18 @@ def canonical_name(parameter: str) -> str:
     return ALIASES.get(parameter, parameter)
 
 
+def narrower(declared: int | None, configured: int | None) -> int | None:
+    """The tighter of two optional limits."""
+    if declared is None or configured is None:
+        return configured if declared is None else declared
+    return min(declared, configured)
+
+
 def effective(backend: Capabilities, narrowed: DeploymentCapabilities) -> Capabilities:
     """The backend's capabilities as the deployment's config narrows them."""
     parameters = {k: v for k, v in backend.parameters.items() if k not in narrowed.unsupported_parameters}
     modalities = backend.modalities
+    max_output = narrower(backend.max_output_tokens, narrowed.max_output_tokens)
     if narrowed.modalities is not None:
         modalities = modalities & frozenset(narrowed.modalities)
     return replace(
@@ -66,6 +74,10 @@ def effective(backend: Capabilities, narrowed: DeploymentCapabilities) -> Capabi
         modalities=modalities,
         max_n=min(backend.max_n, narrowed.max_n or backend.max_n),
         context_length=min(backend.context_length, narrowed.context_length or backend.context_length),
+        max_output_tokens=max_output,
+        default_max_tokens=narrower(
+            narrower(backend.default_max_tokens, narrowed.default_max_tokens), max_output
+        ),
     )
 
 
@@ -130,6 +142,9 @@ def check(request: ChatRequest, capabilities: Capabilities, prompt_tokens: int) 
                 raise unsupported(name, value, f"The model accepts values from {param.minimum}")
             if param.maximum is not None and value > param.maximum:
                 raise unsupported(name, value, f"The model accepts values up to {param.maximum}")
+    ceiling = capabilities.max_output_tokens
+    if ceiling is not None and request.max_tokens is not None and request.max_tokens > ceiling:
+        raise unsupported("max_tokens", request.max_tokens, f"The model generates at most {ceiling} tokens")
     if request.n > capabilities.max_n:
         raise unsupported("n", request.n, f"The model returns at most {capabilities.max_n} choices")
     if request.top_logprobs > capabilities.max_top_logprobs:
