@@ -55,7 +55,7 @@ except ImportError:  # the `local` extra is not installed; LocalBackend() says s
 
 log = logging.getLogger("chatgate.local")
 
-INSTALL_HINT = "the local backend needs torch and transformers: pip install -e '.[local]'"
+INSTALL_HINT = "the local backend needs torch and transformers: pip install 'chatgate[local]' and PyTorch"
 
 FALLBACK_CHAT_TEMPLATE = (
     "{% if bos_token %}{{ bos_token }}{% endif %}"

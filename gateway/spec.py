@@ -9,7 +9,16 @@ from typing import Any
 
 import yaml
 
-SPEC_DIR = Path(__file__).resolve().parent.parent / "openapi"
+
+def documents_dir() -> Path:
+    """The dialects' documents: inside the package when installed from a wheel (it ships them as
+    gateway/openapi/), else openapi/ at the top of the source checkout, their one true home."""
+    package = Path(__file__).resolve().parent
+    installed = package / "openapi"
+    return installed if installed.is_dir() else package.parent / "openapi"
+
+
+SPEC_DIR = documents_dir()
 HTTP_METHODS = ("get", "post", "put", "patch", "delete")
 
 
