@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -68,16 +69,48 @@ class Backend(Protocol):
     async def aclose(self) -> None: ...
 
 
-BACKEND_KINDS: dict[str, str] = {
-    "echo": "backends.echo:EchoBackend",
-    "tgi": "backends.tgi:TGIBackend",
-    "openai-compatible": "backends.openai_compatible:OpenAICompatibleBackend",
-    "local": "backends.local:LocalBackend",
+@dataclass(frozen=True, slots=True)
+class BackendKind:
+    """One kind of backend, as the config names it: where its class and its options model live
+    (imported only when used, so optional extras stay optional) and what it needs installed."""
+
+    name: str
+    backend: str  # "module:Class"
+    options: str  # "module:OptionsModel", validated at start before anything is built
+    requires: tuple[str, ...] = ()  # modules that must be importable
+    install: str = ""  # how to get them
+
+    def load(self, where: str) -> Any:
+        module_name, _, attribute = where.partition(":")
+        return getattr(importlib.import_module(module_name), attribute)
+
+    def missing(self) -> list[str]:
+        """The required modules that cannot be imported here."""
+        return [name for name in self.requires if importlib.util.find_spec(name) is None]
+
+
+BACKEND_KINDS: dict[str, BackendKind] = {
+    kind.name: kind
+    for kind in (
+        BackendKind("echo", "backends.echo:EchoBackend", "backends.echo:EchoOptions"),
+        BackendKind("tgi", "backends.tgi:TGIBackend", "backends.tgi:TGIOptions"),
+        BackendKind(
+            "openai-compatible",
+            "backends.openai_compatible:OpenAICompatibleBackend",
+            "backends.openai_compatible:Options",
+        ),
+        BackendKind(
+            "local",
+            "backends.local:LocalBackend",
+            "backends.local:LocalOptions",
+            requires=("torch", "transformers"),
+            install="pip install 'chatgate[local]' plus PyTorch (README, 'local backend')",
+        ),
+    )
 }
 
 
 def create_backend(kind: str, model: str, options: dict[str, Any]) -> Backend:
-    """Instantiate a backend by its kind name (import is lazy so optional extras stay optional)."""
-    module_name, _, class_name = BACKEND_KINDS[kind].partition(":")
-    cls = getattr(importlib.import_module(module_name), class_name)
-    return cls(model=model, **options)
+    """Instantiate a backend by its kind name."""
+    backend_kind = BACKEND_KINDS[kind]
+    return backend_kind.load(backend_kind.backend)(model=model, **options)

@@ -15,6 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 import orjson
+from pydantic import BaseModel, ConfigDict
 
 from backends.base import Capabilities, same_names
 from gateway.canonical import (
@@ -148,6 +149,12 @@ def token_logprob(token: str, position: int, seed: int, top: int) -> TokenLogpro
     return TokenLogprob(token, base, tops[:top])
 
 
+class EchoOptions(BaseModel):
+    """The echo backend takes no options: a key here is a mistake, refused at start."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
 class EchoBackend:
     name = "echo"
     capabilities = Capabilities(
@@ -165,7 +172,8 @@ class EchoBackend:
         default_max_tokens=4096,
     )
 
-    def __init__(self, model: str = "echo", **_: Any) -> None:
+    def __init__(self, model: str = "echo", **options: Any) -> None:
+        EchoOptions.model_validate(options)
         self.model = model
 
     async def aclose(self) -> None:

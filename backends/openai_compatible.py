@@ -13,11 +13,12 @@ import logging
 import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from backends import upstream_http
 from backends.base import Capabilities, Param, same_names
@@ -33,6 +34,7 @@ from gateway.canonical import (
     TopLogprob,
     Usage,
 )
+from gateway.config import from_file
 from gateway.errors import (
     BadGateway,
     BadRequest,
@@ -104,6 +106,7 @@ class Options(BaseModel):
 
     base_url: str = Field(description="The upstream's OpenAI base URL, e.g. http://host:8000/v1.")
     api_key: SecretStr | None = Field(default=None, description="Sent as a Bearer token.")
+    api_key_file: Path | None = Field(default=None, description="A file holding the api_key instead.")
     headers: dict[str, str] = Field(default_factory=dict, description="Extra request headers.")
     upstream_model: str | None = Field(
         default=None, description="The model name sent upstream (default: the served model)."
@@ -124,6 +127,11 @@ class Options(BaseModel):
         description="0 closes each connection after its request; otherwise idle connections are "
         f"kept for reuse, at most this many, each for {KEEPALIVE_SECONDS:g} s.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def api_key_from_file(cls, values: Any) -> Any:
+        return from_file(values, "api_key")
 
     @field_validator("base_url")
     @classmethod

@@ -44,6 +44,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import httpx2
@@ -58,7 +59,15 @@ from huggingface_hub.errors import (
     TextGenerationError,
 )
 from huggingface_hub.errors import ValidationError as TGIValidationError
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from backends.base import Capabilities, Param, unsupported
 from gateway.canonical import (
@@ -72,7 +81,7 @@ from gateway.canonical import (
     TopLogprob,
     Usage,
 )
-from gateway.config import ConfigError, describe
+from gateway.config import ConfigError, describe, from_file
 from gateway.errors import (
     BadGateway,
     GatewayError,
@@ -116,6 +125,7 @@ class TGIOptions(BaseModel):
     url: str = Field(description="TGI's base URL, e.g. http://tgi:80")
     timeout: float = Field(default=60.0, gt=0, description="Seconds to wait for a response or token.")
     token: SecretStr | None = Field(default=None, description="Bearer token TGI (or its proxy) wants.")
+    token_file: Path | None = Field(default=None, description="A file holding the token instead.")
     use_messages_api: Literal["auto"] | bool = "auto"
     adapter_id: str | None = Field(default=None, description="A LoRA adapter TGI serves (default: base).")
     max_top_n_tokens: int = Field(default=5, ge=0, description="TGI --max-top-n-tokens")
@@ -124,6 +134,11 @@ class TGIOptions(BaseModel):
     context_length: int = Field(default=4096, ge=1, description="TGI --max-total-tokens")
     modalities: frozenset[Literal["text", "image"]] = frozenset({"text"})
     max_connections: int = Field(default=100, ge=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def token_from_file(cls, values: Any) -> Any:
+        return from_file(values, "token")
 
     @field_validator("url")
     @classmethod

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from backends.base import BACKEND_KINDS
 
 ExtraParamsPolicy = Literal["pass-through", "drop", "error"]
 
@@ -32,6 +36,20 @@ class Mounts(Strict):
             return None
         value = "/" + value.strip("/")
         return "" if value == "/" else value
+
+    @model_validator(mode="after")
+    def one_dialect_a_mount(self) -> Mounts:
+        taken: dict[str, str] = {}
+        for dialect, mount in self:
+            if mount is None:
+                continue
+            if mount in taken:
+                raise ValueError(
+                    f"{taken[mount]} and {dialect} are both mounted at {mount or '/'!r}: "
+                    "give each its own path"
+                )
+            taken[mount] = dialect
+        return self
 
 
 class Limits(Strict):
@@ -91,7 +109,7 @@ class Health(Strict):
 
 class Deployment(Strict):
     name: str = Field(min_length=1)
-    backend: Literal["echo", "tgi", "openai-compatible", "local"] = "echo"
+    backend: str = Field(default="echo", description="echo | tgi | openai-compatible | local")
     model: str | None = Field(
         default=None, description="The model name the backend serves (defaults to the name)."
     )
@@ -114,6 +132,13 @@ class Deployment(Strict):
     retries: Retries = Retries()
     health: Health = Health()
 
+    @field_validator("backend")
+    @classmethod
+    def known_backend(cls, backend: str) -> str:
+        if backend not in BACKEND_KINDS:
+            raise ValueError(f"unknown backend {backend!r}; one of {', '.join(BACKEND_KINDS)}")
+        return backend
+
     def replica_options(self) -> list[tuple[str, float, dict[str, Any]]]:
         """(name, weight, merged options) of each replica."""
         replicas = self.replicas or [Replica()]
@@ -127,19 +152,58 @@ class Deployment(Strict):
         return self.model or self.name
 
 
+def read_secret(path: Path) -> str:
+    """A secret kept in a file (a mounted Kubernetes Secret, a Docker secret): its text, stripped."""
+    try:
+        return path.read_text(encoding="utf-8").strip()
+    except OSError as error:
+        raise ValueError(f"cannot read {path}: {error.strerror or error}") from None
+
+
+def from_file(values: Any, field_name: str) -> Any:
+    """`<field>_file: PATH` in place of `<field>`: the value read from the file (the path stays
+    in `<field>_file`, a declared field, so editors and the schema know it)."""
+    if not isinstance(values, dict) or values.get(f"{field_name}_file") is None:
+        return values
+    if values.get(field_name) is not None:
+        raise ValueError(f"give {field_name} or {field_name}_file, not both")
+    return {**values, field_name: read_secret(Path(values[f"{field_name}_file"]))}
+
+
+def one_of(*fields: str) -> dict[str, Any]:
+    """JSON Schema: at least one of these fields is given."""
+    return {"anyOf": [{"required": [name]} for name in fields]}
+
+
 class Key(Strict):
     """An API key, stored only as its SHA-256 (`chatgate keys new NAME` makes one)."""
 
+    model_config = ConfigDict(json_schema_extra=one_of("sha256", "sha256_file"))
+
     name: str = Field(min_length=1)
-    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="The key's SHA-256, in hex.")
+    sha256_file: Path | None = Field(default=None, description="A file holding the SHA-256 instead.")
     deployments: list[str] = Field(default_factory=lambda: ["*"])
     limits: Limits = Limits()
 
+    @model_validator(mode="before")
+    @classmethod
+    def sha256_from_file(cls, values: Any) -> Any:
+        return from_file(values, "sha256")
+
 
 class RedisLimits(Strict):
-    url: str
+    model_config = ConfigDict(json_schema_extra=one_of("url", "url_file"))
+
+    url: str = Field(description="redis://[user:password@]host:port/db")
+    url_file: Path | None = Field(default=None, description="A file holding the URL instead.")
     on_error: Literal["fail-open", "fail-closed"] = "fail-closed"
     prefix: str = "chatgate:limits:"
+
+    @model_validator(mode="before")
+    @classmethod
+    def url_from_file(cls, values: Any) -> Any:
+        return from_file(values, "url")
 
 
 class RateLimiting(Strict):
@@ -149,24 +213,53 @@ class RateLimiting(Strict):
     redis: RedisLimits | None = None
 
 
+GLOBAL_FLAGS = re.compile(r"^\(\?([aiLmsux]+)\)")
+
+
 class FilterRules(Strict):
+    """Words (matched whole, any case) and regular expressions, searched as one expression."""
+
     words: list[str] = Field(default_factory=list)
     patterns: list[str] = Field(default_factory=list)
 
     @field_validator("patterns")
     @classmethod
     def compiles(cls, patterns: list[str]) -> list[str]:
-        for pattern in patterns:
+        for index, pattern in enumerate(patterns):
             try:
-                re.compile(pattern)
+                re.compile(scoped(pattern))
             except re.error as error:
-                raise ValueError(f"bad regular expression {pattern!r}: {error}") from None
+                raise ValueError(f"[{index}] bad regular expression {pattern!r}: {error}") from None
         return patterns
+
+    def compiled(self) -> re.Pattern[str] | None:
+        """One expression for all rules (one search per text, not one per rule)."""
+        alternatives = [rf"\b{re.escape(word)}\b" for word in self.words]
+        alternatives += [scoped(pattern) for pattern in self.patterns]
+        if not alternatives:
+            return None
+        return re.compile("|".join(f"(?:{a})" for a in alternatives), re.IGNORECASE)
+
+
+def scoped(pattern: str) -> str:
+    """`(?i)rest` → `(?i:rest)`: a leading global flag may not stand inside an alternation, so it
+    is scoped to its own pattern (what its author meant)."""
+    match = GLOBAL_FLAGS.match(pattern)
+    return pattern if match is None else f"(?{match.group(1)}:{pattern[match.end() :]})"
 
 
 class ContentFilter(Strict):
     input: FilterRules = FilterRules()
     output: FilterRules = FilterRules()
+
+
+class Shutdown(Strict):
+    """What SIGTERM does: /ready answers 503 at once; new connections are still served for
+    `drain` seconds (so load balancers notice), then refused; requests and streams in flight
+    get `deadline` more seconds to finish; then the process exits 0."""
+
+    drain: float = Field(default=0.0, ge=0)
+    deadline: float = Field(default=30.0, ge=0)
 
 
 class Server(Strict):
@@ -178,6 +271,7 @@ class Server(Strict):
         ge=1024,
         description="largest answer relayed; past it a JSON answer is a 502 and a stream ends with an error",
     )
+    shutdown: Shutdown = Shutdown()
 
 
 class Settings(Strict):
@@ -224,20 +318,80 @@ def describe(error: ValidationError) -> str:
     lines = []
     for problem in error.errors():
         where = ".".join(str(p) for p in problem["loc"]) or "(top level)"
-        lines.append(f"{where}: {problem['msg']}")
+        message = problem["msg"].removeprefix("Value error, ")
+        lines.append(f"{where}: {message}")
     return "; ".join(lines)
 
 
-def load_settings(path: str | Path | None = None) -> Settings:
+REFERENCE = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def expand_references(node: Any, environ: Mapping[str, str], where: str = "") -> Any:
+    """`${NAME}` and `${NAME:-default}` in every string of the config, read from the
+    environment (`$$` is a literal `$`), so secrets need not sit in the file."""
+    if isinstance(node, dict):
+        return {
+            k: expand_references(v, environ, f"{where}.{k}" if where else str(k)) for k, v in node.items()
+        }
+    if isinstance(node, list):
+        return [expand_references(v, environ, f"{where}.{i}") for i, v in enumerate(node)]
+    if not isinstance(node, str) or "$" not in node:
+        return node
+
+    def value_of(match: re.Match[str]) -> str:
+        name, default = match.group(1), match.group(2)
+        if name is None:
+            return "$"
+        if name in environ:
+            return environ[name]
+        if default is not None:
+            return default
+        raise ConfigError(f"{where or '(top level)'}: environment variable {name} is not set")
+
+    return REFERENCE.sub(value_of, node)
+
+
+def check_backends(settings: Settings) -> None:
+    """Each replica's options against its backend's own options model, and the backend's
+    optional dependencies: what would otherwise fail inside a worker, refused before any starts."""
+    for index, deployment in enumerate(settings.deployments):
+        kind = BACKEND_KINDS[deployment.backend]
+        where = f"deployments.{index} ({deployment.name!r})"
+        if missing := kind.missing():
+            raise ConfigError(
+                f"{where}: the {kind.name} backend needs {', '.join(missing)}, "
+                f"not installed here: {kind.install}"
+            )
+        model = kind.load(kind.options)
+        for replica_name, _weight, options in deployment.replica_options():
+            try:
+                model.model_validate(options)
+            except ValidationError as error:
+                problems = describe(error).replace("; ", f"; {where}.options.")
+                raise ConfigError(f"{where}.options.{problems} (replica {replica_name!r})") from None
+
+
+def load_settings(path: str | Path | None = None, environ: Mapping[str, str] | None = None) -> Settings:
+    """The config file (none: every dialect on echo), references expanded, fully validated."""
     if path is None:
         return Settings()
     try:
         raw = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as error:
-        raise ConfigError(f"cannot read config {path}: {error}") from None
+    except OSError as error:
+        raise ConfigError(f"cannot read config {path}: {error.strerror or error}") from None
+    except yaml.YAMLError as error:
+        where = getattr(error, "problem_mark", None)
+        at = f" (line {where.line + 1}, column {where.column + 1})" if where is not None else ""
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        raise ConfigError(f"config {path} is not valid YAML{at}: {problem}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"config {path}: the top level must be a mapping")
     try:
-        return Settings.model_validate(raw)
+        raw = expand_references(raw, os.environ if environ is None else environ)
+        settings = Settings.model_validate(raw)
+        check_backends(settings)
     except ValidationError as error:
         raise ConfigError(f"invalid config {path}: {describe(error)}") from None
+    except ConfigError as error:
+        raise ConfigError(f"invalid config {path}: {error}") from None
+    return settings

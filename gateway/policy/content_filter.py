@@ -15,10 +15,7 @@ from gateway.errors import ContentFiltered
 
 
 def compile_rules(rules: FilterRules) -> re.Pattern[str] | None:
-    alternatives = [rf"\b{re.escape(word)}\b" for word in rules.words] + list(rules.patterns)
-    if not alternatives:
-        return None
-    return re.compile("|".join(f"(?:{a})" for a in alternatives), re.IGNORECASE)
+    return rules.compiled()
 
 
 def prompt_text(messages: list[dict]) -> str:
