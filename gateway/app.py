@@ -32,6 +32,7 @@ from gateway.middleware import GatewayMiddleware
 from gateway.policy.auth import keys_security_map, open_access_security_map
 from gateway.runtime import Runtime
 from gateway.served_spec import ServedDocuments
+from gateway.serving import Lifecycle
 from gateway.spec import DialectSpec, load_document
 from gateway.trace import TRACE_SCOPE_KEY
 from gateway.validation import validator_map
@@ -99,8 +100,11 @@ def error_response(dialect: Dialect, error: GatewayError, scope: Scope) -> Respo
     )
 
 
-def create_app(settings: Settings, access_log: AccessLog | None = None) -> ASGIApp:
+def create_app(
+    settings: Settings, access_log: AccessLog | None = None, lifecycle: Lifecycle | None = None
+) -> ASGIApp:
     runtime = Runtime(settings)
+    lifecycle = lifecycle or Lifecycle()
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Any) -> AsyncIterator[None]:
@@ -132,11 +136,23 @@ def create_app(settings: Settings, access_log: AccessLog | None = None) -> ASGIA
         return Response(b'{"status":"ok"}', media_type="application/json")
 
     async def ready(request: Request) -> Response:
-        """Readiness: every deployment has a healthy replica."""
+        """Readiness: not draining, every deployment has a healthy replica, and the rate-limit
+        store answers where the gateway refuses requests without it (fail-closed)."""
         unhealthy = runtime.router.unhealthy()
-        body = {"status": "unavailable" if unhealthy else "ready", "unhealthy": unhealthy}
+        store_reachable = await runtime.limiter.reachable()
+        limits = settings.rate_limits
+        store_needed = (
+            limits.store == "redis" and limits.redis is not None and limits.redis.on_error == "fail-closed"
+        )
+        if lifecycle.draining:
+            status = "draining"
+        elif unhealthy or (store_needed and not store_reachable):
+            status = "unavailable"
+        else:
+            status = "ready"
+        body = {"status": status, "unhealthy": unhealthy, "limit_store_reachable": store_reachable}
         return Response(
-            orjson.dumps(body), status_code=503 if unhealthy else 200, media_type="application/json"
+            orjson.dumps(body), status_code=200 if status == "ready" else 503, media_type="application/json"
         )
 
     async def metrics(request: Request) -> Response:

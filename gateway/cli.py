@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import copy
-import os
-import tempfile
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
+import orjson
 import typer
 
-from gateway.access_log import ENV as ACCESS_LOG_ENV
-from gateway.config import ConfigError, load_settings
-from gateway.metrics import MULTIPROC_ENV
+from gateway.config import ConfigError, Settings, load_settings
 
 CONFIG_ENV = "CHATGATE_CONFIG"
 cli = typer.Typer(help="chatgate: a spec-driven chat-completions gateway.", no_args_is_help=True)
@@ -23,45 +20,62 @@ def main_callback() -> None:
     """chatgate: a spec-driven chat-completions gateway."""
 
 
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+ConfigOption = Annotated[
+    Path | None,
+    typer.Option(
+        envvar=CONFIG_ENV, help="YAML config file (default: every dialect on echo). Env: CHATGATE_CONFIG."
+    ),
+]
+
+
+def fail(message: str) -> NoReturn:
+    """One line on stderr and exit 2: how every start-up mistake ends."""
+    typer.echo(f"chatgate: {message}", err=True)
+    raise typer.Exit(2)
+
+
+def settings_or_fail(config: Path | None) -> Settings:
+    try:
+        return load_settings(config)
+    except ConfigError as error:
+        fail(str(error))
+
+
 @cli.command()
 def serve(
-    config: Annotated[
-        Path | None, typer.Option(help="YAML config file (default: every dialect on echo).")
-    ] = None,
+    config: ConfigOption = None,
     host: Annotated[str | None, typer.Option(help="Address to bind (overrides config).")] = None,
     port: Annotated[int | None, typer.Option(help="Port to bind (overrides config).")] = None,
-    workers: Annotated[int, typer.Option(min=1, help="Worker processes (share limits through Redis).")] = 1,
-    log_level: Annotated[str, typer.Option(help="Log level.")] = "info",
+    workers: Annotated[int, typer.Option(help="Worker processes (share limits through Redis).")] = 1,
+    log_level: Annotated[str, typer.Option(help=f"Log level: {', '.join(LOG_LEVELS)}.")] = "info",
     access_log: Annotated[bool, typer.Option(help="One JSON line per chat request on stdout.")] = True,
 ) -> None:
     """Serve every configured dialect."""
-    import uvicorn
+    from gateway.serving import ServeOptions, StartupError
+    from gateway.serving import serve as run
 
-    try:
-        settings = load_settings(config)
-    except ConfigError as error:
-        typer.echo(f"chatgate: {error}", err=True)
-        raise typer.Exit(2) from None
-    if config is not None:
-        os.environ[CONFIG_ENV] = str(config.resolve())
-    if workers > 1 and not os.environ.get(MULTIPROC_ENV):
-        # prometheus_client aggregates the workers' metrics through files in this folder
-        os.environ[MULTIPROC_ENV] = tempfile.mkdtemp(prefix="chatgate-metrics-")
-    os.environ[ACCESS_LOG_ENV] = "1" if access_log else "0"  # read by each worker's app
-    log_config = logging_config(log_level)
-    uvicorn.run(
-        "gateway.asgi:create",
-        log_config=log_config,
-        factory=True,
+    if log_level.lower() not in LOG_LEVELS:
+        fail(f"--log-level: {log_level!r} is not one of {', '.join(LOG_LEVELS)}")
+    if workers < 1:
+        fail(f"--workers: {workers} is not a number of processes (1 or more)")
+    if port is not None and not 0 <= port <= 65535:
+        fail(f"--port: {port} is not a port (0-65535)")
+    settings = settings_or_fail(config)
+    options = ServeOptions(
+        settings=settings,
         host=host or settings.server.host,
         port=settings.server.port if port is None else port,
-        log_level=log_level,
-        access_log=False,
-        loop="uvloop",
-        http="httptools",
-        lifespan="on",
         workers=workers,
+        log_level=log_level.lower(),
+        access_log=access_log,
+        log_config=logging_config(log_level.lower()),
     )
+    try:
+        code = run(options)
+    except StartupError as error:
+        fail(str(error))
+    raise typer.Exit(code)
 
 
 def logging_config(level: str) -> dict:
@@ -70,7 +84,30 @@ def logging_config(level: str) -> dict:
 
     config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
     config["loggers"][""] = {"handlers": ["default"], "level": level.upper()}
+    config["loggers"]["uvicorn"]["level"] = level.upper()
     return config
+
+
+config_cli = typer.Typer(help="Check a config file, or print the config's JSON Schema.", no_args_is_help=True)
+cli.add_typer(config_cli, name="config")
+
+
+@config_cli.command("check")
+def config_check(file: Annotated[Path, typer.Argument(help="The YAML config file to check.")]) -> None:
+    """Validate a config file as `chatgate serve` would, without serving: exit 0 when it is usable."""
+    settings = settings_or_fail(file)
+    names = ", ".join(d.name for d in settings.deployments)
+    typer.echo(
+        f"{file}: ok ({len(settings.deployments)} deployment(s): {names}; {len(settings.keys)} key(s))"
+    )
+
+
+@config_cli.command("schema")
+def config_schema() -> None:
+    """Print the config's JSON Schema (for editors: yaml-language-server, VS Code, IntelliJ)."""
+    from gateway.config_schema import config_json_schema
+
+    typer.echo(orjson.dumps(config_json_schema(), option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode())
 
 
 keys_cli = typer.Typer(help="Manage API keys.", no_args_is_help=True)
@@ -123,6 +160,10 @@ def conformance(
 ) -> None:
     """Test a running endpoint against a dialect's document: every schemathesis check, plus the
     vendor's own document. Exits 0 when clean, 1 on any failure, 2 when it cannot run."""
+    import importlib.util
+
+    if importlib.util.find_spec("schemathesis") is None:
+        fail("chatgate conformance needs schemathesis: pip install 'chatgate[conformance]'")
     from gateway.conformance_run import ConformanceUnavailable, render, run
 
     headers = {}

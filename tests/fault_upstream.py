@@ -3,7 +3,8 @@
 A raw asyncio HTTP/1.1 server in a thread. The first path segment picks the behaviour:
 `ok`, `slow-<ms>`, `reset` (stream, then drop the socket), `stall` (never answer),
 `stall-mid` (one chunk, then silence), `malformed`, `flaky` (500 once, then ok),
-`busy` (429 with Retry-After: 1), `fail` (500; `POST /control/heal/fail` makes it ok).
+`busy` (429 with Retry-After: 1), `fail` (500; `POST /control/heal/fail` makes it ok),
+`drip-<ms>` (a stream whose every chunk comes <ms> after the one before).
 It counts requests per behaviour and knows how many connections are open.
 """
 
@@ -130,8 +131,11 @@ class FaultUpstream(LoopbackServer):
             await reader.read(1)  # silence until the gateway hangs up
             return False
         elif stream:
+            pause = int(behaviour.removeprefix("drip-")) / 1000 if behaviour.startswith("drip-") else 0
             await start_stream(writer)
             for piece in STREAM:
+                if pause:
+                    await asyncio.sleep(pause)
                 await send_chunk(writer, piece)
             writer.write(b"0\r\n\r\n")
             await writer.drain()

@@ -8,6 +8,7 @@ refills continuously at capacity/60 per second, so exactly `capacity` requests f
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
@@ -19,6 +20,8 @@ from gateway.errors import ServiceUnavailable, TooManyRequests
 
 log = logging.getLogger("chatgate.limits")
 WINDOW_SECONDS = 60.0
+READY_CHECK_SECONDS = 1.0
+READY_PING_TIMEOUT = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +121,10 @@ class Limiter(Protocol):
         """Take `tokens` more from the token buckets, room or not (completion tokens)."""
         ...
 
+    async def reachable(self) -> bool:
+        """Whether the store answers now (for /ready)."""
+        ...
+
     async def aclose(self) -> None: ...
 
 
@@ -158,6 +165,9 @@ class MemoryLimiter:
         for bucket in buckets:
             if bucket.kind == "tokens":
                 self.levels[bucket.name] = (self.level(bucket, now) - tokens, now)
+
+    async def reachable(self) -> bool:
+        return True
 
     async def aclose(self) -> None:
         return None
@@ -203,6 +213,8 @@ class RedisLimiter:
         self.script = self.client.register_script(TAKE_SCRIPT)
         self.prefix = prefix
         self.fail_open = fail_open
+        self.checked_at = -READY_CHECK_SECONDS
+        self.answered = False
 
     async def run(self, mode: str, buckets: list[Bucket], costs: list[int]) -> list[bytes] | None:
         import redis.exceptions
@@ -238,6 +250,17 @@ class RedisLimiter:
         token_buckets = [b for b in buckets if b.kind == "tokens"]
         if token_buckets and tokens:
             await self.run("charge", token_buckets, [tokens] * len(token_buckets))
+
+    async def reachable(self) -> bool:
+        """A PING, at most one a second however often /ready is asked."""
+        now = time.monotonic()
+        if now - self.checked_at >= READY_CHECK_SECONDS:
+            self.checked_at = now
+            try:
+                self.answered = bool(await asyncio.wait_for(self.client.ping(), READY_PING_TIMEOUT))
+            except (TimeoutError, OSError, Exception):  # any failure to answer is "not reachable"
+                self.answered = False
+        return self.answered
 
     async def aclose(self) -> None:
         await self.client.aclose()

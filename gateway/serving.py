@@ -1,0 +1,231 @@
+"""Running the gateway: one uvicorn server, or N worker processes each with its own
+SO_REUSEPORT socket (the kernel spreads connections over them), and the way it stops.
+
+SIGTERM (or Ctrl-C) drains: /ready answers 503 at once, new connections are still served for
+`server.shutdown.drain` seconds, then the listener closes; requests and streams in flight get
+`server.shutdown.deadline` seconds more, then the process exits 0. A worker that fails while
+starting stops the whole gateway with its one-line reason; one that dies later is replaced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import logging.config
+import multiprocessing
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import uvicorn
+
+from gateway.config import ConfigError, Settings
+
+log = logging.getLogger("chatgate")
+STARTUP_FAILURE = 3  # a worker's exit code when it could not start (uvicorn's own convention)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+RESTART_PAUSE = 1.0  # seconds before replacing a worker that died, so a crash loop cannot spin
+
+
+class StartupError(Exception):
+    """The gateway cannot start; the message says why in one line."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServeOptions:
+    """What `chatgate serve` decided: the settings and how to run them."""
+
+    settings: Settings
+    host: str
+    port: int
+    workers: int
+    log_level: str
+    access_log: bool
+    log_config: dict[str, Any]
+
+
+@dataclass(slots=True)
+class Lifecycle:
+    """What the server tells the app about its own life (read by /ready)."""
+
+    draining: bool = False
+
+
+def bind(host: str, port: int, reuse_port: bool) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as error:
+        sock.close()
+        reason = "in use by another process" if error.errno == 98 else (error.strerror or str(error))
+        raise StartupError(f"cannot listen on {host}:{port}: {reason}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(options: ServeOptions) -> int:
+    """Serve until stopped; the process's exit code."""
+    if options.workers == 1:
+        sock = bind(options.host, options.port, reuse_port=False)
+        code = run_worker(options, sock)
+        return 2 if code == STARTUP_FAILURE else code
+    # One socket per worker on the same port: the kernel balances new connections between
+    # them (one shared socket leaves it to whichever worker wakes first).
+    sockets = [bind(options.host, options.port, reuse_port=True) for _ in range(options.workers)]
+    return Supervisor(options, sockets).run()
+
+
+class GatewayServer(uvicorn.Server):
+    """uvicorn's server with the gateway's way of stopping (see the module docstring)."""
+
+    def __init__(self, config: uvicorn.Config, lifecycle: Lifecycle, drain: float) -> None:
+        super().__init__(config)
+        self.lifecycle = lifecycle
+        self.drain = drain
+        self.drain_ends: float | None = None
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        # uvicorn re-raises a caught SIGTERM once it has stopped, so the process ends "killed by
+        # SIGTERM" (143); a drained, finished gateway exits 0 instead.
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {sig: signal.signal(sig, self.stop) for sig in STOP_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def stop(self, sig: int, frame: Any) -> None:
+        if self.drain_ends is not None:
+            if sig == signal.SIGINT:  # a second Ctrl-C: stop now
+                self.force_exit = True
+            return
+        self.lifecycle.draining = True
+        self.drain_ends = time.monotonic() + self.drain
+        log.info(
+            "%s: draining for %gs, then finishing requests in flight", signal.Signals(sig).name, self.drain
+        )
+
+    async def on_tick(self, counter: int) -> bool:
+        if self.drain_ends is not None and time.monotonic() >= self.drain_ends:
+            return True
+        return await super().on_tick(counter)
+
+
+def run_worker(options: ServeOptions, sock: socket.socket) -> int:
+    """One server process on a bound socket (in the process itself, or in a worker)."""
+    from gateway.access_log import AccessLog
+    from gateway.app import create_app
+
+    logging.config.dictConfig(options.log_config)
+    lifecycle = Lifecycle()
+    settings = options.settings
+    try:
+        app = create_app(settings, AccessLog(sys.stdout if options.access_log else None), lifecycle)
+    except ConfigError as error:
+        print(f"chatgate: {error}", file=sys.stderr, flush=True)
+        return STARTUP_FAILURE
+    config = uvicorn.Config(
+        app,
+        log_config=None,  # configured above, once
+        log_level=options.log_level,
+        access_log=False,
+        loop="uvloop",
+        http="httptools",
+        lifespan="on",
+        timeout_graceful_shutdown=int(settings.server.shutdown.deadline) or None,
+    )
+    server = GatewayServer(config, lifecycle, settings.server.shutdown.drain)
+    host, port = sock.getsockname()[:2]
+    log.info("chatgate serving on http://%s:%d (process %d)", host, port, os.getpid())
+    try:
+        server.run(sockets=[sock])
+    except SystemExit as exit:  # uvicorn's own way out when the app's startup fails
+        return STARTUP_FAILURE if exit.code == STARTUP_FAILURE else int(exit.code or 0)
+    return 0 if server.started else STARTUP_FAILURE
+
+
+def worker_main(options: ServeOptions, sock: socket.socket) -> None:
+    """A worker process's entry point."""
+    sys.exit(run_worker(options, sock))
+
+
+class Supervisor:
+    """Starts the workers, replaces one that dies, passes SIGTERM on and waits for them."""
+
+    def __init__(self, options: ServeOptions, sockets: list[socket.socket]) -> None:
+        self.options = options
+        self.sockets = sockets
+        self.context = multiprocessing.get_context("spawn")
+        self.processes: list[Any] = []
+        self.stopping = threading.Event()
+
+    def start(self, index: int) -> Any:
+        process = self.context.Process(
+            target=worker_main, args=(self.options, self.sockets[index]), name=f"chatgate-worker-{index}"
+        )
+        process.start()
+        return process
+
+    def run(self) -> int:
+        from prometheus_client import multiprocess
+
+        from gateway.metrics import MULTIPROC_ENV
+
+        # prometheus_client adds up the workers' metrics through files in one folder
+        metrics_dir = os.environ.get(MULTIPROC_ENV)
+        own_dir = metrics_dir is None
+        if own_dir:
+            metrics_dir = os.environ[MULTIPROC_ENV] = tempfile.mkdtemp(prefix="chatgate-metrics-")
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, lambda *_: self.stopping.set())
+        try:
+            self.processes = [self.start(i) for i in range(len(self.sockets))]
+            while not self.stopping.wait(0.2):
+                for index, process in enumerate(self.processes):
+                    if process.is_alive():
+                        continue
+                    multiprocess.mark_process_dead(process.pid)
+                    if process.exitcode == STARTUP_FAILURE:
+                        log.error("a worker could not start; stopping")
+                        self.stop_all()
+                        return 2
+                    log.warning("worker %d exited (%s); starting another", process.pid, process.exitcode)
+                    time.sleep(RESTART_PAUSE)
+                    self.processes[index] = self.start(index)
+            self.stop_all()
+            return 0
+        finally:
+            for sock in self.sockets:
+                sock.close()
+            if own_dir:
+                shutil.rmtree(metrics_dir, ignore_errors=True)
+                os.environ.pop(MULTIPROC_ENV, None)
+
+    def stop_all(self) -> None:
+        """SIGTERM to every worker; each drains and finishes on its own clock, then exits."""
+        shutdown = self.options.settings.server.shutdown
+        for process in self.processes:
+            if process.is_alive():
+                process.terminate()
+        ends = time.monotonic() + shutdown.drain + shutdown.deadline + 5
+        for process in self.processes:
+            process.join(max(0.0, ends - time.monotonic()))
+            if process.is_alive():
+                process.kill()
+                process.join()
