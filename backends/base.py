@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from gateway.canonical import ChatRequest, Event
+from gateway.core.canonical import ChatRequest, Event
 
 
 @dataclass(frozen=True, slots=True)

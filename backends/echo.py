@@ -18,7 +18,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict
 
 from backends.base import Capabilities, same_names
-from gateway.canonical import (
+from gateway.core.canonical import (
     ChatRequest,
     Event,
     Finish,

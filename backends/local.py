@@ -36,9 +36,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, DirectoryPath, Field, ValidationError
 
 from backends.base import Capabilities, Param, unsupported
-from gateway.canonical import ChatRequest, Event, Finish, TextDelta, TokenLogprob, TopLogprob, Usage
-from gateway.config import describe
-from gateway.errors import (
+from gateway.core.canonical import ChatRequest, Event, Finish, TextDelta, TokenLogprob, TopLogprob, Usage
+from gateway.core.errors import (
     BadRequest,
     GatewayError,
     InternalError,
@@ -46,6 +45,7 @@ from gateway.errors import (
     ServiceUnavailable,
     UnprocessableContent,
 )
+from gateway.core.options import describe
 
 try:
     import torch

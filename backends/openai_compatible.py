@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, m
 from backends import upstream_http
 from backends.base import Capabilities, Param, same_names
 from backends.upstream_http import ConnectError, PoolTimeout, Response, UpstreamError
-from gateway.canonical import (
+from gateway.core.canonical import (
     ChatRequest,
     Event,
     Finish,
@@ -34,8 +34,7 @@ from gateway.canonical import (
     TopLogprob,
     Usage,
 )
-from gateway.config import from_file
-from gateway.errors import (
+from gateway.core.errors import (
     BadGateway,
     BadRequest,
     GatewayError,
@@ -45,6 +44,7 @@ from gateway.errors import (
     TooManyRequests,
     UnprocessableContent,
 )
+from gateway.core.options import from_file
 
 log = logging.getLogger("chatgate.backends.openai_compatible")
 

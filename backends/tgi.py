@@ -70,7 +70,7 @@ from pydantic import (
 )
 
 from backends.base import Capabilities, Param, unsupported
-from gateway.canonical import (
+from gateway.core.canonical import (
     ChatRequest,
     Event,
     Finish,
@@ -81,8 +81,7 @@ from gateway.canonical import (
     TopLogprob,
     Usage,
 )
-from gateway.config import ConfigError, describe, from_file
-from gateway.errors import (
+from gateway.core.errors import (
     BadGateway,
     GatewayError,
     GatewayTimeout,
@@ -91,6 +90,7 @@ from gateway.errors import (
     TooManyRequests,
     UnprocessableContent,
 )
+from gateway.core.options import ConfigError, describe, from_file
 
 # The base model on TGI's Messages API ("tgi"), rather than a LoRA adapter of that name.
 BASE_MODEL = "tgi"

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch
 
 from backends.local import LocalBackend
-from gateway.canonical import ChatRequest, Usage
+from gateway.core.canonical import ChatRequest, Usage
 from tests.tiny_model import save_tiny_model
 
 MESSAGES = [{"role": "user", "content": "Tell me a story about the café by the river."}]

@@ -25,9 +25,9 @@ from starlette.types import ASGIApp, Scope
 from gateway.access_log import AccessLog
 from gateway.chat_router import ChatOperation, ChatRouter, compile_operation
 from gateway.config import Settings
+from gateway.core.errors import GatewayError, InternalError, error_for_status
 from gateway.dialects import DIALECTS
 from gateway.dialects.base import REQUEST_ID_SCOPE_KEY, Dialect
-from gateway.errors import GatewayError, InternalError, error_for_status
 from gateway.middleware import GatewayMiddleware
 from gateway.policy.auth import keys_security_map, open_access_security_map
 from gateway.runtime import Runtime

@@ -20,7 +20,7 @@ import jsonschema_rs
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway.errors import BadRequest, GatewayError, InternalError, Unauthorized, UnsupportedMediaType
+from gateway.core.errors import BadRequest, GatewayError, InternalError, Unauthorized, UnsupportedMediaType
 from gateway.policy.auth import Caller, KeyStore
 from gateway.validation import BODY_SCOPE_KEY, compile_schema, parse_and_validate, read_body
 

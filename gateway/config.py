@@ -9,15 +9,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from backends.base import BACKEND_KINDS
+from gateway.core.options import ConfigError, Strict, describe, from_file, one_of
 
 ExtraParamsPolicy = Literal["pass-through", "drop", "error"]
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class Mounts(Strict):
@@ -150,29 +147,6 @@ class Deployment(Strict):
     @property
     def served_model(self) -> str:
         return self.model or self.name
-
-
-def read_secret(path: Path) -> str:
-    """A secret kept in a file (a mounted Kubernetes Secret, a Docker secret): its text, stripped."""
-    try:
-        return path.read_text(encoding="utf-8").strip()
-    except OSError as error:
-        raise ValueError(f"cannot read {path}: {error.strerror or error}") from None
-
-
-def from_file(values: Any, field_name: str) -> Any:
-    """`<field>_file: PATH` in place of `<field>`: the value read from the file (the path stays
-    in `<field>_file`, a declared field, so editors and the schema know it)."""
-    if not isinstance(values, dict) or values.get(f"{field_name}_file") is None:
-        return values
-    if values.get(field_name) is not None:
-        raise ValueError(f"give {field_name} or {field_name}_file, not both")
-    return {**values, field_name: read_secret(Path(values[f"{field_name}_file"]))}
-
-
-def one_of(*fields: str) -> dict[str, Any]:
-    """JSON Schema: at least one of these fields is given."""
-    return {"anyOf": [{"required": [name]} for name in fields]}
 
 
 class Key(Strict):
@@ -308,19 +282,6 @@ class Settings(Strict):
         if self.rate_limits.store == "redis" and self.rate_limits.redis is None:
             raise ValueError("rate_limits.redis: required when rate_limits.store is redis")
         return self
-
-
-class ConfigError(Exception):
-    """A configuration file that cannot be used; the message names the bad key."""
-
-
-def describe(error: ValidationError) -> str:
-    lines = []
-    for problem in error.errors():
-        where = ".".join(str(p) for p in problem["loc"]) or "(top level)"
-        message = problem["msg"].removeprefix("Value error, ")
-        lines.append(f"{where}: {message}")
-    return "; ".join(lines)
 
 
 REFERENCE = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")

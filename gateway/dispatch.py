@@ -9,8 +9,8 @@ import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from gateway.canonical import ChatRequest, Event, TextDelta, ToolCallDelta, Usage
-from gateway.errors import (
+from gateway.core.canonical import ChatRequest, Event, TextDelta, ToolCallDelta, Usage
+from gateway.core.errors import (
     BadGateway,
     GatewayError,
     GatewayTimeout,

@@ -21,7 +21,7 @@ from prometheus_client import (
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from gateway.errors import GatewayError
+from gateway.core.errors import GatewayError
 from gateway.trace import RequestTrace
 
 if TYPE_CHECKING:

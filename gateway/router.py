@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from backends import Backend, Capabilities, create_backend
 from gateway.config import ConfigError, Deployment
-from gateway.errors import NotFound
+from gateway.core.errors import NotFound
 from gateway.policy.capabilities import effective
 from gateway.policy.limits import Bucket, buckets_for
 

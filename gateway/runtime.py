@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 
 from starlette.datastructures import Headers
 
-from gateway.canonical import ChatRequest, Event, Usage
 from gateway.config import Settings
+from gateway.core.canonical import ChatRequest, Event, Usage
 from gateway.dispatch import Dispatcher
 from gateway.metrics import Metrics
 from gateway.policy import capabilities

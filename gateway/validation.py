@@ -15,7 +15,7 @@ from connexion.datastructures import MediaTypeDict
 from connexion.validators import VALIDATOR_MAP, AbstractRequestBodyValidator
 from starlette.types import Receive, Scope
 
-from gateway.errors import BadRequest, PayloadTooLarge
+from gateway.core.errors import BadRequest, PayloadTooLarge
 
 BODY_SCOPE_KEY = "chatgate.body"
 OPENAPI_ONLY_KEYWORDS = ("nullable", "example", "examples", "discriminator", "xml", "externalDocs")

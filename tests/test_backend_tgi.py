@@ -677,7 +677,7 @@ def test_stop_trimmer(stops, tokens, stopped, expected):
 
 def test_a_stop_string_reported_as_stop_is_still_cut():
     from backends.tgi import ChoiceEvents
-    from gateway.canonical import ChatRequest, Finish, TextDelta
+    from gateway.core.canonical import ChatRequest, Finish, TextDelta
 
     events = ChoiceEvents(0, ChatRequest(model="m", messages=HELLO, stop=["\n\n"]))
     out = [e for token in ("Hi", " you", "\n", "\n") for e in events.text(token, None)]
@@ -707,7 +707,7 @@ def test_split_tool_call(name, arguments, expected):
 
 def test_a_tool_call_that_tgi_finishes_with_stop_reports_tool_calls():
     from backends.tgi import ChoiceEvents
-    from gateway.canonical import ChatRequest, Finish, ToolCallDelta
+    from gateway.core.canonical import ChatRequest, Finish, ToolCallDelta
 
     events = ChoiceEvents(0, ChatRequest(model="m", messages=HELLO))
     events.tool_fragment("0", "get_weather", "{")

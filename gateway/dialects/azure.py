@@ -12,8 +12,8 @@ import orjson
 from starlette.datastructures import Headers
 from starlette.responses import Response
 
+from gateway.core.errors import GatewayError, NotFound
 from gateway.dialects.base import JSON, Dialect
-from gateway.errors import GatewayError, NotFound
 
 SHORT_DESCRIPTIONS = {
     400: "Bad request",

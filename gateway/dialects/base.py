@@ -19,7 +19,7 @@ from starlette.datastructures import Headers
 from starlette.responses import Response
 from starlette.types import Scope
 
-from gateway.canonical import (
+from gateway.core.canonical import (
     ChatRequest,
     Choice,
     Completion,
@@ -32,7 +32,7 @@ from gateway.canonical import (
     answer_too_large,
     gather,
 )
-from gateway.errors import Forbidden, GatewayError, InternalError, UnprocessableContent
+from gateway.core.errors import Forbidden, GatewayError, InternalError, UnprocessableContent
 from gateway.framing import SSE, Framing
 from gateway.policy.auth import Caller
 from gateway.streaming import EventStreamResponse

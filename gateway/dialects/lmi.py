@@ -9,9 +9,9 @@ from typing import Any
 import orjson
 from starlette.responses import Response
 
-from gateway.canonical import TokenLogprob
+from gateway.core.canonical import TokenLogprob
+from gateway.core.errors import GatewayError
 from gateway.dialects.base import JSON, Dialect, ResponseContext
-from gateway.errors import GatewayError
 from gateway.framing import JSONLines
 
 EXCEPTION_NAMES = {

@@ -7,9 +7,9 @@ from typing import Any
 import orjson
 from starlette.responses import Response
 
-from gateway.canonical import Choice
+from gateway.core.canonical import Choice
+from gateway.core.errors import NotFound
 from gateway.dialects.base import JSON, Dialect
-from gateway.errors import NotFound
 
 
 class OpenAI(Dialect):

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.canonical import ChatRequest
+from gateway.core.canonical import ChatRequest
+from gateway.core.errors import BadRequest, GatewayError
 from gateway.dialects.base import Dialect
-from gateway.errors import BadRequest, GatewayError
 
 
 class OVMS(Dialect):

@@ -10,9 +10,9 @@ from dataclasses import replace
 from typing import Any
 
 from backends.base import Capabilities
-from gateway.canonical import ChatRequest
 from gateway.config import DeploymentCapabilities
-from gateway.errors import BadRequest, NotFound, UnprocessableContent
+from gateway.core.canonical import ChatRequest
+from gateway.core.errors import BadRequest, NotFound, UnprocessableContent
 
 MODALITY_MESSAGE = (
     "Modality not supported by the model. Check the documentation of the model to see which "

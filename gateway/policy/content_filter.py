@@ -9,9 +9,9 @@ from __future__ import annotations
 import re
 from collections.abc import AsyncIterator
 
-from gateway.canonical import Event, Finish, TextDelta, ToolCallDelta
 from gateway.config import ContentFilter, FilterRules
-from gateway.errors import ContentFiltered
+from gateway.core.canonical import Event, Finish, TextDelta, ToolCallDelta
+from gateway.core.errors import ContentFiltered
 
 
 def compile_rules(rules: FilterRules) -> re.Pattern[str] | None:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from gateway.canonical import ChatRequest
 from gateway.config import ExtraParamsPolicy
-from gateway.errors import BadRequest
+from gateway.core.canonical import ChatRequest
+from gateway.core.errors import BadRequest
 
 HEADER = "extra-parameters"
 # The seed document calls `drop` "ignore"; the real service says `drop`. Both are accepted.

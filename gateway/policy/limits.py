@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from gateway.config import Limits, RateLimiting
-from gateway.errors import ServiceUnavailable, TooManyRequests
+from gateway.core.errors import ServiceUnavailable, TooManyRequests
 
 log = logging.getLogger("chatgate.limits")
 WINDOW_SECONDS = 60.0

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from gateway.errors import BadGateway
+from gateway.core.errors import BadGateway
 
 # Canonical finish reasons; each dialect maps them to its own words.
 FinishReason = Literal["stop", "stop_sequence", "length", "tool_calls", "content_filter"]
