@@ -29,7 +29,7 @@ from gateway.core.canonical import (
     TopLogprob,
     Usage,
 )
-from gateway.policy.capabilities import GENERATION_OPTIONS
+from gateway.core.parameters import GENERATION_OPTIONS
 
 CANONICAL_PARAMETERS = (
     "max_tokens", "stop", "n", "seed", "logprobs", "top_logprobs", "temperature", "top_p",

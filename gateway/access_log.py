@@ -14,7 +14,7 @@ from typing import TextIO
 
 import orjson
 
-from gateway.trace import RequestTrace
+from gateway.record import RequestRecord
 
 ENV = "CHATGATE_ACCESS_LOG"  # "1" under `chatgate serve` unless --no-access-log
 
@@ -27,7 +27,7 @@ class AccessLog:
     def from_environment(cls) -> AccessLog:
         return cls(sys.stdout if os.environ.get(ENV) == "1" else None)
 
-    def write(self, trace: RequestTrace, seconds: float) -> None:
+    def write(self, trace: RequestRecord, seconds: float) -> None:
         if self.stream is None:
             return
         record = {

@@ -17,36 +17,31 @@ from gateway.core.options import ConfigError, Strict, describe, from_file, one_o
 ExtraParamsPolicy = Literal["pass-through", "drop", "error"]
 
 
-class Mounts(Strict):
-    """Base path of each dialect; "" or "/" puts it at the root, null leaves it unmounted."""
+def normalised_mount(value: str | None) -> str | None:
+    """A base path: "" for the root, "/x" otherwise; None leaves the dialect unmounted."""
+    if value is None:
+        return None
+    value = "/" + value.strip("/")
+    return "" if value == "/" else value
 
-    openai: str | None = "/v1"
-    azure: str | None = "/azure"
-    aleph_alpha: str | None = "/aleph-alpha"
-    lmi: str | None = "/lmi"
-    ovms: str | None = "/v3"
 
-    @field_validator("*")
-    @classmethod
-    def normalise(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        value = "/" + value.strip("/")
-        return "" if value == "/" else value
+def default_mounts() -> dict[str, str | None]:
+    from gateway.dialects import DIALECTS
 
-    @model_validator(mode="after")
-    def one_dialect_a_mount(self) -> Mounts:
-        taken: dict[str, str] = {}
-        for dialect, mount in self:
-            if mount is None:
-                continue
-            if mount in taken:
-                raise ValueError(
-                    f"{taken[mount]} and {dialect} are both mounted at {mount or '/'!r}: "
-                    "give each its own path"
-                )
-            taken[mount] = dialect
-        return self
+    return {name: dialect.default_mount for name, dialect in DIALECTS.items()}
+
+
+def mounts_schema() -> dict[str, Any]:
+    from gateway.dialects import DIALECTS
+
+    return {
+        "description": 'Base path of each dialect; "/" puts it at the root, null leaves it unmounted.',
+        "properties": {
+            name: {"anyOf": [{"type": "string"}, {"type": "null"}], "default": dialect.default_mount}
+            for name, dialect in DIALECTS.items()
+        },
+        "additionalProperties": False,
+    }
 
 
 class Limits(Strict):
@@ -250,7 +245,9 @@ class Server(Strict):
 
 class Settings(Strict):
     server: Server = Server()
-    mounts: Mounts = Mounts()
+    mounts: dict[str, str | None] = Field(
+        default_factory=default_mounts, json_schema_extra=lambda schema: schema.update(mounts_schema())
+    )
     keys: list[Key] = Field(default_factory=list)
     rate_limits: RateLimiting = RateLimiting()
     content_filter: ContentFilter = ContentFilter()
@@ -258,6 +255,26 @@ class Settings(Strict):
         default_factory=lambda: [Deployment(name="echo", backend="echo", models=["*"])],
         min_length=1,
     )
+
+    @field_validator("mounts")
+    @classmethod
+    def known_dialects_one_a_mount(cls, mounts: dict[str, str | None]) -> dict[str, str | None]:
+        defaults = default_mounts()
+        unknown = sorted(set(mounts) - set(defaults))
+        if unknown:
+            raise ValueError(f"unknown dialects {unknown}; the dialects are {', '.join(defaults)}")
+        merged = {name: normalised_mount(mounts.get(name, default)) for name, default in defaults.items()}
+        taken: dict[str, str] = {}
+        for dialect, mount in merged.items():
+            if mount is None:
+                continue
+            if mount in taken:
+                raise ValueError(
+                    f"{taken[mount]} and {dialect} are both mounted at {mount or '/'!r}: "
+                    "give each its own path"
+                )
+            taken[mount] = dialect
+        return merged
 
     @field_validator("deployments")
     @classmethod

@@ -23,7 +23,7 @@ from gateway.vendor_specs import VENDOR_DOCUMENTS, VendorSpecs
 
 VENDOR_CHECK = "vendor_spec_conformance"
 RUN_EXTENSION = "x-chatgate-conformance"  # how the check learns the run's dialect: read off the document
-SPEC_FILES = {dialect.name: dialect.spec_file for dialect in DIALECTS}
+SPEC_FILES = {name: dialect.document for name, dialect in DIALECTS.items()}
 MISSING = (
     "chatgate conformance needs schemathesis, a test dependency: "
     'python -m pip install -e ".[test]"  (or: python -m pip install schemathesis)'

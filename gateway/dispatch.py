@@ -18,8 +18,8 @@ from gateway.core.errors import (
     TooManyRequests,
 )
 from gateway.metrics import Metrics
+from gateway.record import RequestRecord
 from gateway.router import LiveDeployment, Replica
-from gateway.trace import RequestTrace
 
 # Longest run of events relayed without giving the event loop a turn.
 TURN_SECONDS = 0.005
@@ -94,7 +94,7 @@ class Dispatcher:
         self,
         deployment: LiveDeployment,
         request: ChatRequest,
-        trace: RequestTrace,
+        record: RequestRecord,
         on_usage: Callable[[Usage], Awaitable[None]] | None = None,
     ) -> AsyncIterator[Event]:
         """The answer's events; `on_usage` hears the usage as it passes (to charge for it)."""
@@ -120,7 +120,7 @@ class Dispatcher:
                         await asyncio.sleep(wait)
                 attempts += 1
                 tried.add(replica.name)
-                trace.deployment, trace.replica = live.name, replica.name
+                record.deployment, record.replica = live.name, replica.name
                 replica.started()
                 begun = time.monotonic()
                 self.metrics.replica_health(live.name, replica)
@@ -143,7 +143,7 @@ class Dispatcher:
                         raise
                     if wait:
                         busy_until[replica.name] = time.monotonic() + wait
-                    trace.retries += 1
+                    record.retries += 1
                     self.metrics.retry(live.name)
                     continue
                 except BaseException:
@@ -151,7 +151,9 @@ class Dispatcher:
                     replica.finished_without_verdict()
                     await events.aclose()
                     raise
-                relayed = self.relay(live, replica, events, first, deadline, trace, begun, watchdog, on_usage)
+                relayed = self.relay(
+                    live, replica, events, first, deadline, record, begun, watchdog, on_usage
+                )
                 async for event in relayed:
                     yield event
                 return
@@ -170,7 +172,7 @@ class Dispatcher:
         events: AsyncIterator[Event],
         first: Event | None,
         deadline: float,
-        trace: RequestTrace,
+        record: RequestRecord,
         begun: float,
         watchdog: Watchdog,
         on_usage: Callable[[Usage], Awaitable[None]] | None,
@@ -183,10 +185,10 @@ class Dispatcher:
         try:
             while event is not None:
                 if isinstance(event, TextDelta | ToolCallDelta):
-                    trace.first_token()
+                    record.first_token()
                 elif isinstance(event, Usage):
-                    trace.prompt_tokens = event.prompt_tokens
-                    trace.completion_tokens = event.completion_tokens
+                    record.prompt_tokens = event.prompt_tokens
+                    record.completion_tokens = event.completion_tokens
                     if on_usage is not None:
                         await on_usage(event)
                 yield event

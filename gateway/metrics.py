@@ -22,7 +22,7 @@ from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from gateway.core.errors import GatewayError
-from gateway.trace import RequestTrace
+from gateway.record import RequestRecord
 
 if TYPE_CHECKING:
     from gateway.router import Replica
@@ -93,7 +93,7 @@ class Metrics:
     def started(self) -> None:
         self.in_flight.inc()
 
-    def finished(self, trace: RequestTrace, seconds: float) -> None:
+    def finished(self, trace: RequestRecord, seconds: float) -> None:
         self.in_flight.dec()
         deployment = trace.deployment or "none"
         self.child(self.requests, trace.dialect, deployment, str(trace.status)).inc()

@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
-from starlette.datastructures import Headers
 
 from gateway.config import Settings
 from gateway.core.canonical import ChatRequest, Event, Usage
+from gateway.core.errors import DeploymentForbidden
 from gateway.dispatch import Dispatcher
 from gateway.metrics import Metrics
 from gateway.policy import capabilities
@@ -29,13 +27,9 @@ from gateway.policy.limits import (
     rate_headers,
     refused,
 )
+from gateway.record import RequestRecord
 from gateway.router import LiveDeployment, Router
-from gateway.trace import RequestTrace
 
-if TYPE_CHECKING:
-    from gateway.dialects.base import Dialect
-
-DEPLOYMENT_HEADER = "azureml-model-deployment"
 MESSAGE_OVERHEAD_TOKENS = 3
 
 
@@ -68,18 +62,19 @@ class Runtime:
 
     async def admit(
         self,
-        dialect: Dialect,
         request: ChatRequest,
-        headers: Headers,
+        headers: Mapping[str, str],
         caller: Caller,
-        trace: RequestTrace,
+        record: RequestRecord,
+        deployment_name: str | None = None,
     ) -> Admission:
-        """Apply policy; raise the GatewayError that refuses the request."""
-        trace.key = caller.name
-        deployment = self.router.route(request.model, headers.get(DEPLOYMENT_HEADER))
-        trace.deployment = deployment.name
+        """Apply policy; raise the GatewayError that refuses the request. `deployment_name` is
+        what a dialect's routing header named, if it has one."""
+        record.key = caller.name
+        deployment = self.router.route(request.model, deployment_name)
+        record.deployment = deployment.name
         if not caller.may_use(deployment.name):
-            raise dialect.forbidden_deployment(deployment.name)
+            raise DeploymentForbidden(deployment.name)
         policy = resolve_policy(headers.get(EXTRA_PARAMS_HEADER), deployment.config.extra_parameters)
         apply_extra_params(request, policy)
         request.deployment = deployment.name
@@ -93,13 +88,13 @@ class Runtime:
         if admission.buckets:
             verdict = await self.limiter.take(admission.buckets, prompt_tokens)
             if not verdict.allowed:
-                trace.rate_limited = limited_kinds(verdict)
+                record.rate_limited = limited_kinds(verdict)
                 raise refused(verdict)
             admission.headers = rate_headers(verdict)
         return admission
 
     def generate(
-        self, admission: Admission, request: ChatRequest, trace: RequestTrace
+        self, admission: Admission, request: ChatRequest, record: RequestRecord
     ) -> AsyncIterator[Event]:
         """The backend's events (through retries, fallback and timeouts), screened by the output
         filter; completion tokens are charged to the rate limits when the usage passes. The
@@ -111,7 +106,7 @@ class Runtime:
             async def charge(usage: Usage) -> None:
                 await limiter.charge(buckets, usage.completion_tokens)
 
-        events = self.dispatcher.events(admission.deployment, request, trace, charge)
+        events = self.dispatcher.events(admission.deployment, request, record, charge)
         if self.content_filter.output is not None:
             events = self.content_filter.screen(events)
         return events

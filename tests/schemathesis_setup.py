@@ -5,18 +5,18 @@ from __future__ import annotations
 import schemathesis
 from hypothesis import HealthCheck, settings
 
-from gateway.config import Mounts
+from gateway.config import Settings
 from gateway.conformance import for_schemathesis, register_json_lines
 from gateway.dialects import DIALECTS
 from gateway.spec import load_document
 
-SPEC_FILES = {dialect.name: dialect.spec_file for dialect in DIALECTS}
+SPEC_FILES = {name: dialect.document for name, dialect in DIALECTS.items()}
 EXAMPLES = settings(max_examples=50, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 register_json_lines()
 
 
 def dialect_schema(name: str, app):
-    document = for_schemathesis(load_document(SPEC_FILES[name]), getattr(Mounts(), name))
+    document = for_schemathesis(load_document(SPEC_FILES[name]), Settings().mounts[name])
     schema = schemathesis.openapi.from_dict(document)
     schema.app = app
     return schema

@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 
 from backends import echo, local, openai_compatible, tgi
+from gateway.core.parameters import HANDLED as GATEWAY_HANDLED
+from gateway.core.parameters import canonical_name
 from gateway.dialects import DIALECTS
-from gateway.policy.capabilities import GATEWAY_HANDLED, canonical_name
 from gateway.spec import DialectSpec, load_document
 
 TABLES = {
@@ -21,8 +22,8 @@ TABLES = {
 
 def dialect_parameters() -> list[tuple[str, str]]:
     found = []
-    for dialect in DIALECTS:
-        spec = DialectSpec(load_document(dialect.spec_file), frozenset(dialect.chat_operations))
+    for dialect in DIALECTS.values():
+        spec = DialectSpec(load_document(dialect.document), frozenset(dialect.chat_operations))
         for name in sorted(spec.chat_fields):
             if name not in spec.unsupported:  # the dialect itself drops or refuses these
                 found.append((dialect.name, name))

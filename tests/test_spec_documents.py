@@ -11,7 +11,7 @@ from gateway.codegen import stale_files
 from gateway.dialects import DIALECTS
 from gateway.spec import load_document
 
-SPEC_FILES = [dialect.spec_file for dialect in DIALECTS]
+SPEC_FILES = [dialect.document for dialect in DIALECTS.values()]
 
 
 @pytest.mark.parametrize("spec_file", SPEC_FILES)

@@ -21,7 +21,7 @@ from gateway.dialects import DIALECTS
 from tests.servers import ROOT
 
 RULESET = ROOT / ".spectral.yaml"
-SPEC_FILES = [dialect.spec_file for dialect in DIALECTS]
+SPEC_FILES = [dialect.document for dialect in DIALECTS.values()]
 ERROR, WARNING = 0, 1  # Spectral's severities
 
 

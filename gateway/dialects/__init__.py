@@ -1,11 +1,12 @@
-"""One module per dialect; each holds that dialect's whole story (reading, rules, rendering)."""
+"""The dialects, registered in one place: a new one is its document in openapi/, its module
+here (translator and operations) and one line below."""
 
-from gateway.dialects.aleph_alpha import AlephAlpha
-from gateway.dialects.azure import Azure
-from gateway.dialects.lmi import LMI
-from gateway.dialects.openai import OpenAI
-from gateway.dialects.ovms import OVMS
+from gateway.dialects import aleph_alpha, azure, lmi, openai, ovms
+from gateway.dialects.dialect import Dialect
 
-DIALECTS = (OpenAI, Azure, AlephAlpha, LMI, OVMS)
+DIALECTS: dict[str, Dialect] = {
+    dialect.name: dialect
+    for dialect in (openai.DIALECT, azure.DIALECT, aleph_alpha.DIALECT, lmi.DIALECT, ovms.DIALECT)
+}
 
-__all__ = ["DIALECTS", "LMI", "OVMS", "AlephAlpha", "Azure", "OpenAI"]
+__all__ = ["DIALECTS", "Dialect"]

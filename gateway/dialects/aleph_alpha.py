@@ -8,7 +8,8 @@ from typing import Any
 
 from gateway.core.canonical import ChatRequest
 from gateway.core.errors import BadRequest, GatewayError
-from gateway.dialects.base import Dialect
+from gateway.dialects.dialect import Dialect
+from gateway.dialects.shape import OpenAIShaped
 
 
 def upper_snake(code: str) -> str:
@@ -39,19 +40,21 @@ def check_message_order(messages: list[dict[str, Any]]) -> None:
         )
 
 
-class AlephAlpha(Dialect):
-    name = "aleph_alpha"
-    spec_file = "aleph_alpha.yaml"
-    default_mount = "/aleph-alpha"
+class AlephAlphaTranslator(OpenAIShaped):
     finish_delta = {"content": ""}
-    chat_operations = ("createChatCompletion",)
     missing_logprob = -9999.0
 
-    async def create_chat_completion(self):
-        return await self.chat_operation()
-
-    def check_request(self, request: ChatRequest) -> None:
+    def check(self, request: ChatRequest) -> None:
         check_message_order(request.messages)
 
     def error_body(self, error: GatewayError, request_id: str) -> dict[str, Any]:
         return {"error": error.message, "code": upper_snake(error.code)}
+
+
+DIALECT = Dialect(
+    name="aleph_alpha",
+    document="aleph_alpha.yaml",
+    default_mount="/aleph-alpha",
+    translator=AlephAlphaTranslator,
+    chat_operations=("createChatCompletion",),
+)

@@ -1,30 +1,38 @@
 """Azure AI Model Inference: POST /chat/completions and GET /info (both need `api-version`).
 
 Errors are the seed's flat bodies (`error`, `message`, `status`, and per status `code`,
-`param`, `detail`) with the machine-readable code in the `x-ms-error-code` header.
+`param`, `detail`) with the machine-readable code in the `x-ms-error-code` header. The
+`azureml-model-deployment` header names the deployment.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
-from starlette.datastructures import Headers
 from starlette.responses import Response
 
-from gateway.core.errors import GatewayError, NotFound
-from gateway.dialects.base import JSON, Dialect
+from gateway.core.errors import DeploymentForbidden, GatewayError, NotFound
+from gateway.dialects.dialect import Dialect, Handler
+from gateway.dialects.shape import JSON, OpenAIShaped, RenderedError
 
+if TYPE_CHECKING:
+    from gateway.call import Call
+    from gateway.runtime import Runtime
+
+DEPLOYMENT_HEADER = "azureml-model-deployment"
 SHORT_DESCRIPTIONS = {
     400: "Bad request",
     401: "Unauthorized",
     403: "Forbidden",
     404: "Not found",
     405: "Method not allowed",
+    408: "Request timeout",
     413: "Payload too large",
     415: "Unsupported media type",
     422: "Unprocessable content",
     429: "Too many requests",
+    431: "Request header fields too large",
     500: "Internal server error",
     502: "Bad gateway",
     503: "Service unavailable",
@@ -38,34 +46,7 @@ def detail_value(value: Any) -> str:
     return value if isinstance(value, str) else orjson.dumps(value).decode()
 
 
-class Azure(Dialect):
-    name = "azure"
-    spec_file = "azure.yaml"
-    default_mount = "/azure"
-    chat_operations = ("getChatCompletions",)
-
-    async def get_chat_completions(self, api_version: str) -> Response:
-        return await self.chat_operation()
-
-    async def get_model_info(self, api_version: str) -> Response:
-        from connexion.context import scope
-
-        headers = Headers(scope=scope._get_current_object())
-        deployment = self.runtime.router.route(None, headers.get("azureml-model-deployment"))
-        body = {
-            "model_name": deployment.model,
-            "model_type": "chat_completion",
-            "model_provider_name": deployment.config.provider,
-        }
-        return Response(orjson.dumps(body), media_type=JSON)
-
-    def forbidden_deployment(self, deployment: str) -> NotFound:
-        return NotFound(
-            f"Deployment '{deployment}' not found.",
-            param="azureml-model-deployment",
-            code="DeploymentNotFound",
-        )
-
+class AzureTranslator(OpenAIShaped):
     def error_body(self, error: GatewayError, request_id: str) -> dict[str, Any]:
         status = error.status
         body: dict[str, Any] = {
@@ -86,5 +67,37 @@ class Azure(Dialect):
             ]
         return body
 
-    def error_headers(self, error: GatewayError) -> dict[str, str]:
-        return {**error.headers, "x-ms-error-code": error.code}
+    def error(self, error: GatewayError, request_id: str) -> RenderedError:
+        if isinstance(error, DeploymentForbidden):  # a hidden deployment is not found
+            error = NotFound(
+                f"Deployment '{error.deployment}' not found.",
+                param=DEPLOYMENT_HEADER,
+                code="DeploymentNotFound",
+            )
+        rendered = super().error(error, request_id)
+        rendered.headers["x-ms-error-code"] = error.code
+        return rendered
+
+
+def operations(runtime: Runtime, translator: OpenAIShaped) -> dict[str, Handler]:
+    async def get_model_info(call: Call) -> Response:
+        deployment = runtime.router.route(None, call.headers.get(DEPLOYMENT_HEADER))
+        body = {
+            "model_name": deployment.model,
+            "model_type": "chat_completion",
+            "model_provider_name": deployment.config.provider,
+        }
+        return Response(orjson.dumps(body), media_type=JSON)
+
+    return {"getModelInfo": get_model_info}
+
+
+DIALECT = Dialect(
+    name="azure",
+    document="azure.yaml",
+    default_mount="/azure",
+    translator=AzureTranslator,
+    chat_operations=("getChatCompletions",),
+    operations=operations,
+    routing_header=DEPLOYMENT_HEADER,
+)

@@ -2,53 +2,61 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from starlette.responses import Response
 
-from gateway.core.canonical import Choice
-from gateway.core.errors import NotFound
-from gateway.dialects.base import JSON, Dialect
+from gateway.core.errors import DeploymentForbidden, GatewayError, NotFound
+from gateway.dialects.dialect import Dialect, Handler
+from gateway.dialects.shape import JSON, OpenAIShaped, RenderedError
+
+if TYPE_CHECKING:
+    from gateway.call import Call
+    from gateway.runtime import Runtime
 
 
-class OpenAI(Dialect):
-    name = "openai"
-    spec_file = "openai.yaml"
-    default_mount = "/v1"
-    chat_operations = ("createChatCompletion",)
+def model_not_found(model: str) -> NotFound:
+    """OpenAI's words for a model that is unknown or hidden from this key (the same, on purpose)."""
+    return NotFound(
+        f"The model '{model}' does not exist or you do not have access to it.",
+        param="model",
+        code="model_not_found",
+    )
 
-    async def create_chat_completion(self) -> Response:
-        return await self.chat_operation()
 
-    def message_body(self, choice: Choice) -> dict[str, Any]:
-        # OpenAI always sends `refusal`, null when the model did not refuse
-        return {**super().message_body(choice), "refusal": None}
+class OpenAITranslator(OpenAIShaped):
+    refusal_in_message = True  # OpenAI always sends `refusal`, null when the model did not refuse
 
-    def forbidden_deployment(self, deployment: str) -> NotFound:
-        return NotFound(
-            f"The model '{deployment}' does not exist or you do not have access to it.",
-            param="model",
-            code="model_not_found",
-        )
+    def error(self, error: GatewayError, request_id: str) -> RenderedError:
+        if isinstance(error, DeploymentForbidden):
+            error = model_not_found(error.deployment)
+        return super().error(error, request_id)
 
-    def model_body(self, model_id: str) -> dict[str, Any]:
-        return {
-            "id": model_id,
-            "object": "model",
-            "created": self.runtime.started,
-            "owned_by": "chatgate",
-        }
 
-    async def list_models(self) -> Response:
-        data = [self.model_body(name) for name in self.runtime.router.model_names()]
+def model_body(model_id: str, created: int) -> dict[str, Any]:
+    return {"id": model_id, "object": "model", "created": created, "owned_by": "chatgate"}
+
+
+def operations(runtime: Runtime, translator: OpenAIShaped) -> dict[str, Handler]:
+    async def list_models(call: Call) -> Response:
+        data = [model_body(name, runtime.started) for name in runtime.router.model_names()]
         return Response(orjson.dumps({"object": "list", "data": data}), media_type=JSON)
 
-    async def retrieve_model(self, model: str) -> Response:
-        if not self.runtime.router.knows(model):
-            raise NotFound(
-                f"The model '{model}' does not exist or you do not have access to it.",
-                param="model",
-                code="model_not_found",
-            )
-        return Response(orjson.dumps(self.model_body(model)), media_type=JSON)
+    async def retrieve_model(call: Call) -> Response:
+        model = call.path_params["model"]
+        if not runtime.router.knows(model):
+            raise model_not_found(model)
+        return Response(orjson.dumps(model_body(model, runtime.started)), media_type=JSON)
+
+    return {"listModels": list_models, "retrieveModel": retrieve_model}
+
+
+DIALECT = Dialect(
+    name="openai",
+    document="openai.yaml",
+    default_mount="/v1",
+    translator=OpenAITranslator,
+    chat_operations=("createChatCompletion",),
+    operations=operations,
+)

@@ -8,14 +8,11 @@ from typing import Any
 
 from gateway.core.canonical import ChatRequest
 from gateway.core.errors import BadRequest, GatewayError
-from gateway.dialects.base import Dialect
+from gateway.dialects.dialect import Dialect
+from gateway.dialects.shape import OpenAIShaped
 
 
-class OVMS(Dialect):
-    name = "ovms"
-    spec_file = "ovms.yaml"
-    default_mount = "/v3"
-    chat_operations = ("createChatCompletion",)
+class OVMSTranslator(OpenAIShaped):
     # OVMS documents only `stop` and `length`.
     finish_reasons = {
         "stop": "stop",
@@ -25,10 +22,7 @@ class OVMS(Dialect):
         "content_filter": "stop",
     }
 
-    async def create_chat_completion(self):
-        return await self.chat_operation()
-
-    def check_request(self, request: ChatRequest) -> None:
+    def check(self, request: ChatRequest) -> None:
         options = request.options
         if request.stream and options.get("include_stop_str_in_output") is False:
             raise BadRequest(
@@ -48,3 +42,12 @@ class OVMS(Dialect):
 
     def error_body(self, error: GatewayError, request_id: str) -> dict[str, Any]:
         return {"error": error.message}
+
+
+DIALECT = Dialect(
+    name="ovms",
+    document="ovms.yaml",
+    default_mount="/v3",
+    translator=OVMSTranslator,
+    chat_operations=("createChatCompletion",),
+)

@@ -1,27 +1,20 @@
-"""Who is calling: API keys, stored as SHA-256 hashes and compared in constant time.
-
-The specs' security schemes name `bearer_info` / `api_key_info` (x-bearerInfoFunc,
-x-apikeyInfoFunc); Connexion calls them with the presented credential. With no keys
-configured the gateway is open: `open_access_security_map` makes Connexion admit requests
-that carry no credentials at all.
-"""
+"""Who is calling: API keys, stored as SHA-256 hashes and compared in constant time, presented
+the ways each operation's document says (its security schemes: a Bearer token, an `api-key`
+header …). With no keys configured the gateway is open."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from connexion.exceptions import OAuthProblem, OAuthResponseProblem
-from connexion.security import NO_VALUE, AbstractSecurityHandler
-
 from gateway.config import Key
+from gateway.core.errors import Unauthorized
 
-KEY_STORE_SCOPE_KEY = "chatgate.keys"
 KEY_PREFIX = "cg-"
-ANONYMOUS = {"sub": "anonymous", "key": None}
 
 
 def digest(key: str) -> bytes:
@@ -46,6 +39,9 @@ class Caller:
         return self.key is None or "*" in self.key.deployments or deployment in self.key.deployments
 
 
+ANONYMOUS = Caller(None)
+
+
 class KeyStore:
     def __init__(self, keys: list[Key]) -> None:
         self.keys = [(bytes.fromhex(k.sha256), k) for k in keys]
@@ -64,74 +60,46 @@ class KeyStore:
         return found
 
 
-def caller_info(credential: str, request: Any) -> dict[str, Any] | None:
-    store: KeyStore = request.scope[KEY_STORE_SCOPE_KEY]
-    key = store.find(credential)
-    return None if key is None else {"sub": key.name, "caller": Caller(key)}
+@dataclass(frozen=True, slots=True)
+class Scheme:
+    """Where an operation's document says a key is presented."""
+
+    header: str  # lower-case
+    bearer: bool  # `Authorization: Bearer <key>` rather than the bare key
 
 
-def bearer_info(token: str, request: Any = None) -> dict[str, Any] | None:
-    return caller_info(token, request)
+def schemes_of(document: Mapping[str, Any], operation: Mapping[str, Any]) -> tuple[Scheme, ...]:
+    """The key-bearing schemes an operation accepts (none: it is public)."""
+    required = operation.get("security", document.get("security")) or []
+    defined = document.get("components", {}).get("securitySchemes", {})
+    found = []
+    for alternative in required:
+        for name in alternative:
+            scheme = defined[name]
+            if scheme.get("type") == "http" and scheme.get("scheme", "").lower() == "bearer":
+                found.append(Scheme("authorization", bearer=True))
+            elif scheme.get("type") == "apiKey" and scheme.get("in") == "header":
+                found.append(Scheme(scheme["name"].lower(), bearer=False))
+    return tuple(dict.fromkeys(found))
 
 
-def api_key_info(key: str, required_scopes: Any = None, request: Any = None) -> dict[str, Any] | None:
-    return caller_info(key, request)
-
-
-class BearerKeys(AbstractSecurityHandler):
-    """`Authorization: Bearer <key>` checked against the key store.
-
-    Does what Connexion's bearer handler does with `bearer_info`, without inspecting the
-    hook's signature on every request.
-    """
-
-    def get_fn(self, security_scheme: dict[str, Any], required_scopes: Any) -> Any:
-        async def check(request: Any) -> dict[str, Any]:
-            value = request.headers.get("authorization")
-            if not value:
-                return NO_VALUE
-            scheme, _, token = value.partition(" ")
-            if scheme.lower() != "bearer" or not token:
-                raise OAuthProblem(detail="Invalid authorization header")
-            info = bearer_info(token.strip(), request)
-            if info is None:
-                raise OAuthResponseProblem(detail="Provided key is not valid")
-            return info
-
-        return check
-
-
-class ApiKeyHeaderKeys(AbstractSecurityHandler):
-    """The `api-key` header (Azure's) checked against the key store."""
-
-    def get_fn(self, security_scheme: dict[str, Any], required_scopes: Any) -> Any:
-        header = security_scheme["name"]
-
-        async def check(request: Any) -> dict[str, Any]:
-            key = request.headers.get(header)
-            if key is None:
-                return NO_VALUE
-            info = api_key_info(key, request=request)
-            if info is None:
-                raise OAuthResponseProblem(detail="Provided key is not valid")
-            return info
-
-        return check
-
-
-def keys_security_map() -> dict[str, type[AbstractSecurityHandler]]:
-    return {"bearer": BearerKeys, "apiKey": ApiKeyHeaderKeys}
-
-
-class OpenAccess(AbstractSecurityHandler):
-    """Admits every request, with or without credentials (no keys are configured)."""
-
-    def get_fn(self, security_scheme: dict[str, Any], required_scopes: Any) -> Any:
-        async def admit(request: Any) -> dict[str, Any]:
-            return {"sub": "anonymous", "caller": Caller(None)}
-
-        return admit
-
-
-def open_access_security_map() -> dict[str, type[AbstractSecurityHandler]]:
-    return {"bearer": OpenAccess, "apiKey": OpenAccess, "basic": OpenAccess}
+def authenticate(store: KeyStore, schemes: tuple[Scheme, ...], headers: Mapping[str, str]) -> Caller:
+    """The caller of a request, or Unauthorized. Open when the operation is public or there are
+    no keys."""
+    if not schemes or not store.enabled:
+        return ANONYMOUS
+    problem = "No authorization token provided"
+    for scheme in schemes:
+        presented = headers.get(scheme.header)
+        if presented is None:
+            continue
+        if scheme.bearer:
+            kind, _, presented = presented.partition(" ")
+            presented = presented.strip()
+            if kind.lower() != "bearer" or not presented:
+                problem = "Invalid authorization header"
+                continue
+        if key := store.find(presented):
+            return Caller(key)
+        problem = "Provided key is not valid"
+    raise Unauthorized(problem)

@@ -13,45 +13,13 @@ from backends.base import Capabilities
 from gateway.config import DeploymentCapabilities
 from gateway.core.canonical import ChatRequest
 from gateway.core.errors import BadRequest, NotFound, UnprocessableContent
+from gateway.core.parameters import requested
 
 MODALITY_MESSAGE = (
     "Modality not supported by the model. Check the documentation of the model to see which "
     "routes are available."
 )
 PART_MODALITIES = {"image_url": "image", "image": "image", "input_audio": "audio", "audio": "audio"}
-# Dialect options that change what is generated (and so need the backend's support);
-# informational fields (metadata, store, service_tier, user) need none.
-GENERATION_OPTIONS = frozenset(
-    {
-        "top_k", "repetition_penalty", "typical_p", "min_p", "ignore_eos", "best_of",
-        "length_penalty", "include_stop_str_in_output", "num_assistant_tokens",
-        "assistant_confidence_threshold", "max_ngram_size", "modalities", "audio", "prediction",
-        "reasoning_effort", "parallel_tool_calls",
-    }
-)  # fmt: skip
-
-
-# Dialect fields the gateway itself takes care of, whatever the backend: how each is handled.
-GATEWAY_HANDLED = {
-    "messages": "the conversation: every backend takes it",
-    "model": "routing: picks the deployment",
-    "stream": "the gateway streams or gathers the backend's events",
-    "stream_options": "include_usage: the gateway adds the usage chunk",
-    "metadata": "informational: dropped (OpenAI stores it; chatgate stores nothing)",
-    "store": "informational: dropped (chatgate stores no completions)",
-    "service_tier": "informational: dropped (one tier)",
-    "user": "informational: passed to backends that take it, else dropped",
-}
-# Dialect spellings of canonical parameters.
-ALIASES = {
-    "max_completion_tokens": "max_tokens",
-    "functions": "tools",
-    "function_call": "tool_choice",
-}
-
-
-def canonical_name(parameter: str) -> str:
-    return ALIASES.get(parameter, parameter)
 
 
 def narrower(declared: int | None, configured: int | None) -> int | None:
@@ -94,30 +62,6 @@ def modalities_of(messages: list[dict[str, Any]]) -> set[str]:
     return found
 
 
-def requested_parameters(request: ChatRequest) -> dict[str, Any]:
-    """The canonical parameters this request sets away from their defaults."""
-    asked: dict[str, Any] = {
-        "max_tokens": request.max_tokens,
-        "seed": request.seed,
-        "temperature": request.temperature,
-        "top_p": request.top_p,
-        "frequency_penalty": request.frequency_penalty,
-        "presence_penalty": request.presence_penalty,
-        "logit_bias": request.logit_bias or None,
-        "stop": request.stop or None,
-        "n": request.n if request.n != 1 else None,
-        "logprobs": True if request.logprobs else None,
-        "top_logprobs": request.top_logprobs or None,
-        "tools": request.tools or None,
-        "tool_choice": request.tool_choice if request.tools else None,
-        "response_format": request.response_format
-        if (request.response_format or {}).get("type", "text") != "text"
-        else None,
-    }
-    asked.update({k: v for k, v in request.options.items() if k in GENERATION_OPTIONS})
-    return {k: v for k, v in asked.items() if v is not None}
-
-
 def unsupported(name: str, value: Any, why: str) -> UnprocessableContent:
     return UnprocessableContent(
         f"{why} (parameter '{name}').",
@@ -133,7 +77,7 @@ def check(request: ChatRequest, capabilities: Capabilities, prompt_tokens: int) 
     missing = modalities_of(request.messages) - capabilities.modalities
     if missing:
         raise NotFound(MODALITY_MESSAGE, param="messages", code="ModalityNotSupported")
-    for name, value in requested_parameters(request).items():
+    for name, value in requested(request).items():
         param = capabilities.parameters.get(name)
         if param is None or not param.supported:
             raise unsupported(name, value, "The model does not support this parameter")

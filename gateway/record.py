@@ -1,15 +1,14 @@
-"""What one request did, filled in as it travels; the access log and the metrics read it."""
+"""What one request did, filled in as it travels; the access log and the metrics read it
+(not tracing: that is OpenTelemetry's word)."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
 
-TRACE_SCOPE_KEY = "chatgate.trace"
-
 
 @dataclass(slots=True)
-class RequestTrace:
+class RequestRecord:
     request_id: str
     method: str
     path: str

@@ -1,0 +1,128 @@
+"""The chat request's one flow, the same for every dialect:
+
+    translator.read → runtime.admit (policy) → runtime.generate (router, dispatch, backend)
+    → translator.completion, or translator.chunks framed as SSE / JSON lines
+
+The translator only translates and the runtime only decides; this module is the only one that
+calls both. Its inputs are explicit: the front door's `Call`, the dialect's translator, the
+runtime.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import AsyncIterator
+
+import orjson
+from starlette.responses import Response
+
+from gateway.call import Call
+from gateway.core.canonical import Event, answer_too_large, gather
+from gateway.core.errors import GatewayError, InternalError
+from gateway.dialects.dialect import Dialect
+from gateway.dialects.shape import JSON, Answer, OpenAIShaped, StreamState
+from gateway.runtime import Runtime
+from gateway.streaming import EventStreamResponse
+
+log = logging.getLogger("chatgate")
+
+
+class ChatPipeline:
+    """The handler of a dialect's chat operations."""
+
+    def __init__(self, runtime: Runtime, dialect: Dialect, translator: OpenAIShaped) -> None:
+        self.runtime = runtime
+        self.translator = translator
+        self.routing_header = dialect.routing_header
+        self.max_response_bytes = runtime.settings.server.max_response_bytes
+
+    async def __call__(self, call: Call) -> Response:
+        translator, runtime = self.translator, self.runtime
+        request = translator.read(call.body)
+        call.record.stream = request.stream
+        deployment_name = call.headers.get(self.routing_header) if self.routing_header else None
+        admission = await runtime.admit(request, call.headers, call.caller, call.record, deployment_name)
+        events = runtime.generate(admission, request, call.record)
+        answer = Answer(
+            id=translator.id_prefix + os.urandom(16).hex(),
+            created=int(time.time()),
+            model=request.model or admission.deployment.model,
+            request=request,
+        )
+        if not request.stream:
+            completion = await gather(events, request.n, self.max_response_bytes)
+            response = Response(orjson.dumps(translator.completion(answer, completion)), media_type=JSON)
+            response.raw_headers += admission.headers
+            return response
+        # Wait for the first event a little: errors before the first byte are still HTTP
+        # errors. If it is slow, start the stream and keep it alive while waiting.
+        first = asyncio.ensure_future(anext(events, None))
+        framing = translator.framing
+        keepalive = admission.deployment.config.timeouts.keepalive if framing.keepalive else None
+        await asyncio.wait({first}, timeout=keepalive)
+        if first.done() and (failure := first.exception()) is not None:
+            await events.aclose()
+            raise failure
+        return EventStreamResponse(
+            self.stream(answer, first, events, call, keepalive),
+            framing.media_type,
+            admission.headers,
+        )
+
+    async def stream(
+        self,
+        answer: Answer,
+        first: asyncio.Future[Event | None],
+        events: AsyncIterator[Event],
+        call: Call,
+        keepalive: float | None,
+    ) -> AsyncIterator[bytes]:
+        """The answer's events as the dialect's stream; a failure ends it with an error in the
+        dialect's shape, never an invented finish reason."""
+        translator = self.translator
+        frame = translator.framing.frame
+        state = StreamState()
+        room = self.max_response_bytes
+        try:
+            while not first.done():
+                await asyncio.wait({first}, timeout=keepalive)
+                if not first.done() and translator.framing.keepalive is not None:
+                    yield translator.framing.keepalive
+            event = first.result()
+            if event is not None:
+                # the chunks of one event go out in one write (a choice's role chunk and its
+                # first text arrive together)
+                if chunks := translator.chunks(answer, event, state):
+                    data = b"".join(map(frame, chunks))
+                    room -= len(data)
+                    yield data
+                async for event in events:
+                    if chunks := translator.chunks(answer, event, state):
+                        data = b"".join(map(frame, chunks))
+                        room -= len(data)
+                        if room < 0:
+                            raise answer_too_large(self.max_response_bytes)
+                        yield data
+        except GatewayError as error:
+            # the status went out as 200 with the first byte; the record says how it ended
+            call.record.error_code = error.code
+            yield frame(translator.error(error, call.request_id).body)
+            return
+        except Exception:  # an unexpected fault mid-stream: report it in shape, never hang
+            log.exception("stream failed")
+            failure = InternalError("The backend failed mid-stream.")
+            call.record.error_code = failure.code
+            yield frame(translator.error(failure, call.request_id).body)
+            return
+        finally:
+            if not first.done():
+                first.cancel()
+                with contextlib.suppress(BaseException):
+                    await first
+            await events.aclose()
+        if translator.framing.done is not None:
+            yield translator.framing.done
