@@ -19,7 +19,7 @@ from typing import Any
 from gateway.conformance import for_schemathesis, register_json_lines
 from gateway.dialects import DIALECTS
 from gateway.spec import DialectSpec, load_document
-from gateway.vendor_specs import VENDOR_DOCUMENTS, VendorSpecs
+from gateway.vendor_specs import REFSPECS_HOW, VENDOR_DOCUMENTS, RefspecsError, VendorSpecs
 
 VENDOR_CHECK = "vendor_spec_conformance"
 RUN_EXTENSION = "x-chatgate-conformance"  # how the check learns the run's dialect: read off the document
@@ -78,7 +78,7 @@ _vendors: dict[str, VendorSpecs] = {}  # refspecs folder → its documents, load
 
 
 def vendor_spec_conformance(ctx: Any, response: Any, case: Any) -> bool | None:
-    """The answer is valid for the vendor's own document (shared/refspecs), where it has one."""
+    """The answer is valid for the vendor's own document (the refspecs), where it has one."""
     settings = case.operation.schema.raw_schema.get(RUN_EXTENSION)
     if not settings or settings.get("refspecs") is None:
         return None  # not a chatgate conformance run, or no vendor documents
@@ -231,7 +231,18 @@ def run(
         raise ConformanceUnavailable(f"unknown dialect {dialect!r}; one of: {', '.join(SPEC_FILES)}")
     reachable(url)
     register_checks()
-    vendors = VendorSpecs.find(refspecs) if dialect in VENDOR_DOCUMENTS else None
+    vendors = None
+    if dialect in VENDOR_DOCUMENTS:
+        try:
+            vendors = VendorSpecs.find(refspecs)
+        except RefspecsError as error:
+            raise ConformanceUnavailable(f"vendor documents: {error}") from None
+        missing = vendors.missing(dialect) if vendors is not None else None
+        if vendors is not None and missing is not None:
+            raise ConformanceUnavailable(
+                f"vendor documents: {vendors.refspecs_dir} has no {missing} "
+                "(scripts/fetch-refspecs --dest DIR writes every one)"
+            )
     request_headers = dict(headers or {})
     if key:
         request_headers["Authorization"] = f"Bearer {key}"
@@ -287,7 +298,7 @@ def render(report: Report) -> str:
     if report.vendor_file:
         vendor = report.vendor_file
     elif report.dialect in VENDOR_DOCUMENTS:
-        vendor = "not found, so not checked (pass --refspecs DIR or set CHATGATE_REFSPECS)"
+        vendor = f"not found, so not checked: {REFSPECS_HOW}, or pass --refspecs DIR"
     else:
         vendor = "none (no machine-readable vendor document for this dialect)"
     lines = [

@@ -1,5 +1,9 @@
-"""The vendors' own machine-readable documents (`shared/refspecs/`) as validators for what a
+"""The vendors' own machine-readable documents (the "refspecs") as validators for what a
 dialect answers.
+
+They are not part of the repository: `scripts/fetch-refspecs` downloads the pinned versions
+(refspecs.lock.yaml) into `refspecs/` at the repository root, or `$CHATGATE_REFSPECS` names a
+folder that holds them (see `default_refspecs_dir`).
 
 Each document is read once, the schemas we need are extracted with their `$ref` closure and
 rewritten as JSON Schema 2020-12: OpenAI's 3.1 file still writes `nullable: true`, Azure's
@@ -51,11 +55,33 @@ NOT_SCHEMA_KEYWORDS = frozenset({"nullable", "x-nullable", "example", "examples"
 COMPLETION, CHUNK, ERROR = "completion", "chunk", "error"
 
 
+class RefspecsError(Exception):
+    """`$CHATGATE_REFSPECS` (or `--refspecs`) names something that is not a folder."""
+
+
+REFSPECS_HOW = f"run scripts/fetch-refspecs (needs internet) or set {REFSPECS_ENV}=DIR"
+
+
+def checkout_refspecs_dir() -> Path | None:
+    """`refspecs/` at the repository root, where `scripts/fetch-refspecs` writes; None when not
+    running from a source checkout."""
+    if not (REPO_ROOT / "pyproject.toml").is_file():
+        return None
+    return REPO_ROOT / "refspecs"
+
+
 def default_refspecs_dir() -> Path | None:
-    """`$CHATGATE_REFSPECS`, else `shared/refspecs` beside the repository, if it exists."""
+    """Where the vendor documents are: `$CHATGATE_REFSPECS` when set (a `RefspecsError` when it
+    is not a folder: no silent fallback), else `refspecs/` at the repository root of a source
+    checkout if it exists, else None."""
     configured = os.environ.get(REFSPECS_ENV)
-    candidate = Path(configured) if configured else REPO_ROOT.parent / "shared" / "refspecs"
-    return candidate if candidate.is_dir() else None
+    if configured:
+        path = Path(configured).expanduser()
+        if not path.is_dir():
+            raise RefspecsError(f"{REFSPECS_ENV}={configured} is not a folder")
+        return path
+    fetched = checkout_refspecs_dir()
+    return fetched if fetched is not None and fetched.is_dir() else None
 
 
 # ----- reading a vendor document --------------------------------------------------------------
@@ -428,8 +454,19 @@ class VendorSpecs:
 
     @classmethod
     def find(cls, refspecs_dir: Path | None = None) -> VendorSpecs | None:
+        """The documents in `refspecs_dir` (a `RefspecsError` when it is not a folder), else in
+        the default place; None when there are none."""
+        if refspecs_dir is not None and not refspecs_dir.is_dir():
+            raise RefspecsError(f"{refspecs_dir} is not a folder")
         found = refspecs_dir or default_refspecs_dir()
-        return cls(found) if found is not None and found.is_dir() else None
+        return cls(found) if found is not None else None
+
+    def missing(self, dialect: str) -> str | None:
+        """The dialect's vendor file when this folder lacks it, else None."""
+        vendor = VENDOR_DOCUMENTS.get(dialect)
+        if vendor is None or (self.refspecs_dir / vendor.file).is_file():
+            return None
+        return vendor.file
 
     def answer_errors(
         self,

@@ -1,6 +1,8 @@
 """The tgi backend, end to end: a real gateway process in front of a TGI stand-in
 (tests/tgi_server.py) that checks every request it receives and every answer it sends against
-TGI's own OpenAPI document. Each dialect is driven through its SDK where one fits.
+TGI's own OpenAPI document when the vendor documents are there (tests/conftest.py; without them
+the stand-in runs unchecked and only `test_the_stand_in_is_checked_against_tgis_document` is
+skipped). Each dialect is driven through its SDK where one fits.
 
 What the stand-in received is part of each check: the mapping from a dialect's parameters to
 TGI's is asserted on the wire, not only on the answer.
@@ -12,6 +14,7 @@ import asyncio
 import json
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -69,8 +72,8 @@ def prompt_tokens(messages: list[dict[str, Any]]) -> int:
 
 
 @pytest.fixture(scope="module")
-def tgi() -> Iterator[TGIStandIn]:
-    with running_tgi() as stand_in:
+def tgi(refspecs_dir: Path | None) -> Iterator[TGIStandIn]:
+    with running_tgi(refspecs_dir) as stand_in:
         yield stand_in
     assert stand_in.failures == [], "\n".join(stand_in.failures)
 
@@ -739,11 +742,12 @@ def test_parameter_tables_by_mode():
     assert generate_only["top_logprobs"].maximum == 10
 
 
-def test_refspec_validation_catches_drift():
-    """The stand-in's checker is not vacuous: a chunk with a bad field fails it."""
-    from tests.tgi_server import RefSpec
-
-    spec = RefSpec()
+def test_the_stand_in_is_checked_against_tgis_document(tgi: TGIStandIn, refspecs: Path):
+    """With TGI's document at hand the stand-in is checked, and the check is not vacuous: a chunk
+    with a bad field fails it, and a mismatch in what it sends is recorded as a failure (which
+    the `checked` fixture turns into a failed test)."""
+    spec = tgi.spec
+    assert spec is not None, f"the stand-in runs unchecked although {refspecs} is there"
     choice = {"index": 0, "delta": {"role": "assistant", "content": "x"}, "finish_reason": None}
     good = {
         "id": "",
@@ -757,3 +761,6 @@ def test_refspec_validation_catches_drift():
     bad = {**good, "choices": [{"index": -1, "delta": {"role": "assistant"}, "finish_reason": 3}]}
     assert len(spec.errors("ChatCompletionChunk", bad)) >= 2
     assert spec.errors("StreamResponse", {"index": 1, "token": {"id": 1, "text": "a", "special": False}})
+    tgi.check("a test's event", "ChatCompletionChunk", bad)
+    recorded, tgi.failures[:] = list(tgi.failures), []
+    assert recorded and all("does not match ChatCompletionChunk" in f for f in recorded), recorded

@@ -1,5 +1,6 @@
 """`chatgate conformance URL`, run as a user runs it: clean against a live chatgate (exit 0),
-failing with the failure named against a deliberately broken endpoint (exit 1)."""
+failing with the failure named against a deliberately broken endpoint (exit 1). The checks
+against the vendors' own documents are skipped when there are none (tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -12,17 +13,19 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gateway.conformance_run import Report, render
 from gateway.policy.auth import new_key
+from gateway.vendor_specs import VENDOR_DOCUMENTS
 from tests.broken_endpoint import broken_endpoint
 from tests.servers import ROOT, running_gateway
 
 KEY, KEY_SHA = new_key()
 
 
-def conformance(*args: str) -> subprocess.CompletedProcess:
+def conformance(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "gateway", "conformance", *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ},
+        cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})},
     )  # fmt: skip
 
 
@@ -43,26 +46,81 @@ def chatgate(tmp_path_factory: pytest.TempPathFactory, log_dir: Path) -> Iterato
         yield url
 
 
-@pytest.mark.parametrize("dialect, mount", [("openai", "/v1"), ("aleph_alpha", "/aleph-alpha")])
-def test_clean_against_a_live_chatgate(chatgate: str, dialect: str, mount: str):
-    result = conformance(chatgate + mount, "--dialect", dialect, "--max-examples", "10", "--key", KEY)
+CLEAN = {"openai": "/v1", "aleph_alpha": "/aleph-alpha"}  # dialect → its mount
+
+
+def vendor_line(report: str) -> str:
+    return next(line for line in report.splitlines() if "vendor document:" in line)
+
+
+def with_refspecs(refspecs_dir: Path | None) -> tuple[str, ...]:
+    """Point the command at the folder the tests found (it would find the same one by itself)."""
+    return ("--refspecs", str(refspecs_dir)) if refspecs_dir is not None else ()
+
+
+@pytest.fixture(scope="module")
+def clean_runs(chatgate: str, refspecs_dir: Path | None) -> dict[str, subprocess.CompletedProcess]:
+    """One run per dialect against the live chatgate, with the vendor documents when found."""
+    common = ("--max-examples", "10", "--key", KEY, *with_refspecs(refspecs_dir))
+    return {
+        dialect: conformance(chatgate + mount, "--dialect", dialect, *common)
+        for dialect, mount in CLEAN.items()
+    }
+
+
+@pytest.fixture(scope="module")
+def broken_run(refspecs_dir: Path | None) -> subprocess.CompletedProcess:
+    with broken_endpoint() as url:
+        return conformance(url, "--dialect", "openai", "--max-examples", "5", *with_refspecs(refspecs_dir))
+
+
+@pytest.mark.parametrize("dialect", list(CLEAN))
+def test_clean_against_a_live_chatgate(clean_runs: dict[str, subprocess.CompletedProcess], dialect: str):
+    result = clean_runs[dialect]
     assert result.returncode == 0, result.stdout + result.stderr
     assert "result: conformant" in result.stdout
     assert "POST /chat/completions" in result.stdout
-    assert "vendor document: none" not in result.stdout
 
 
-def test_fails_against_a_broken_endpoint_and_names_the_failure():
-    with broken_endpoint() as url:
-        result = conformance(url, "--dialect", "openai", "--max-examples", "5")
-    assert result.returncode == 1, result.stdout + result.stderr
-    report = result.stdout
+@pytest.mark.parametrize("dialect", list(CLEAN))
+def test_clean_run_checked_the_vendor_document(
+    clean_runs: dict[str, subprocess.CompletedProcess], dialect: str, refspecs: Path
+):
+    assert vendor_line(clean_runs[dialect].stdout).endswith(VENDOR_DOCUMENTS[dialect].file)
+
+
+def test_fails_against_a_broken_endpoint_and_names_the_failure(broken_run: subprocess.CompletedProcess):
+    assert broken_run.returncode == 1, broken_run.stdout + broken_run.stderr
+    report = broken_run.stdout
     assert "result: NOT conformant" in report
     chat = operation_block(report, "POST /chat/completions")
     assert "FAILED response_schema_conformance" in chat  # our document
-    assert "FAILED vendor_spec_conformance" in chat  # OpenAI's own document
     assert "curl -X POST" in chat
     assert "response_schema_conformance on POST /chat/completions" in report.splitlines()[-1]
+
+
+def test_the_vendor_document_names_a_broken_endpoints_failure(
+    broken_run: subprocess.CompletedProcess, refspecs: Path
+):
+    chat = operation_block(broken_run.stdout, "POST /chat/completions")
+    assert "FAILED vendor_spec_conformance" in chat  # OpenAI's own document
+
+
+def test_without_vendor_documents_the_report_says_how_to_get_them():
+    report = Report("openai", "http://x/v1", "openapi/openai.yaml", vendor_file=None, max_examples=1)
+    line = vendor_line(render(report))
+    assert "not found, so not checked" in line
+    assert "scripts/fetch-refspecs" in line and "CHATGATE_REFSPECS" in line
+
+
+def test_a_refspecs_folder_that_is_not_there_is_a_clear_error(chatgate: str, tmp_path: Path):
+    missing = tmp_path / "no-such-folder"
+    result = conformance(chatgate + "/v1", "--max-examples", "1", "--refspecs", str(missing))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"{missing} is not a folder" in result.stderr
+    result = conformance(chatgate + "/v1", "--max-examples", "1", env={"CHATGATE_REFSPECS": str(missing)})
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"CHATGATE_REFSPECS={missing} is not a folder" in result.stderr
 
 
 def test_unreachable_endpoint_is_a_clear_error():

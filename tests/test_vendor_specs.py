@@ -1,4 +1,5 @@
-"""What chatgate answers, checked against the vendors' own documents in shared/refspecs/.
+"""What chatgate answers, checked against the vendors' own documents (the refspecs, found as
+tests/conftest.py says; every test here is skipped, with the way to get them, when there are none).
 
 A real gateway process (keys, limits, a content filter, a text-only deployment) answers a
 corpus of requests that touches every documented feature of the OpenAI, Azure and Aleph Alpha
@@ -52,7 +53,6 @@ from gateway.vendor_specs import (
 )
 from tests.servers import running_gateway
 
-VENDORS = VendorSpecs.find()
 KEY, KEY_SHA = new_key()
 CHAT_PATHS = {
     "openai": "/v1/chat/completions",
@@ -237,9 +237,15 @@ def parse(case: Case, response: httpx.Response) -> Answer:
 
 
 @pytest.fixture(scope="module")
-def answers(tmp_path_factory: pytest.TempPathFactory, log_dir: Path) -> Iterator[dict[str, Answer]]:
+def vendors(refspecs: Path) -> VendorSpecs:
+    return VendorSpecs(refspecs)
+
+
+@pytest.fixture(scope="module")
+def answers(
+    vendors: VendorSpecs, tmp_path_factory: pytest.TempPathFactory, log_dir: Path
+) -> Iterator[dict[str, Answer]]:
     """Every case of the corpus, sent once to one gateway process."""
-    assert VENDORS is not None, "shared/refspecs not found beside the repository: set CHATGATE_REFSPECS"
     config = tmp_path_factory.mktemp("vendor-specs") / "config.yaml"
     config.write_text(yaml.safe_dump(CONFIG))
     found: dict[str, Answer] = {}
@@ -255,7 +261,7 @@ def answers(tmp_path_factory: pytest.TempPathFactory, log_dir: Path) -> Iterator
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
-def test_answer_conforms_to_the_vendor_document(case: Case, answers: dict[str, Answer]):
+def test_answer_conforms_to_the_vendor_document(case: Case, answers: dict[str, Answer], vendors: VendorSpecs):
     answer = answers[case.id]
     assert answer.status == case.status, answer.bodies
     assert answer.bodies
@@ -266,7 +272,7 @@ def test_answer_conforms_to_the_vendor_document(case: Case, answers: dict[str, A
     for kind, body in answer.bodies:
         if kind in vendor.not_checked:
             continue
-        errors = VENDORS.errors(case.dialect, kind, body)
+        errors = vendors.errors(case.dialect, kind, body)
         assert not errors, f"{kind} {body}: {errors}"
     if case.dialect == "azure" and case.status >= 400:
         assert answer.headers["x-ms-error-code"]  # Azure.Core's error contract, which we keep
@@ -314,13 +320,12 @@ def documented_bodies(dialect: str) -> list[tuple[str, Any]]:
 
 
 @pytest.mark.parametrize("dialect", list(SPEC_FILES))
-def test_our_documented_examples_are_valid_for_the_vendor(dialect: str):
+def test_our_documented_examples_are_valid_for_the_vendor(dialect: str, vendors: VendorSpecs):
     """The request, answer and chunk examples in openapi/ are valid for the vendor's document."""
-    assert VENDORS is not None
     bodies = documented_bodies(dialect)
     assert {kind for kind, _ in bodies} == {"request", COMPLETION, CHUNK}
     for kind, body in bodies:
-        errors = VENDORS.errors(dialect, kind, body)
+        errors = vendors.errors(dialect, kind, body)
         assert not errors, f"{kind} {body}: {errors}"
 
 
@@ -328,30 +333,31 @@ DEVIATIONS = [(vendor.dialect, d) for vendor in VENDOR_DOCUMENTS.values() for d 
 
 
 @pytest.mark.parametrize("dialect, deviation", DEVIATIONS, ids=lambda v: getattr(v, "name", v))
-def test_every_deviation_is_still_needed(dialect, deviation, answers: dict[str, Answer]):
+def test_every_deviation_is_still_needed(
+    dialect, deviation, answers: dict[str, Answer], vendors: VendorSpecs
+):
     """Without the deviation, some answer of the corpus or some example of ours would be invalid
     for the vendor."""
     answered = [body for case in CASES if case.dialect == dialect for body in answers[case.id].bodies]
     broken = [
         (kind, body)
         for kind, body in answered + documented_bodies(dialect)
-        if VENDORS.errors(dialect, kind, body, without=deviation.name)
+        if vendors.errors(dialect, kind, body, without=deviation.name)
     ]
     assert broken, f"{deviation.name} is no longer needed: remove it ({deviation.why})"
 
 
-def test_vendor_documents_are_read_as_they_mean():
-    assert VENDORS is not None
-    aleph_alpha, dangling = vendor_schemas(VENDORS.refspecs_dir, "aleph_alpha")
+def test_vendor_documents_are_read_as_they_mean(vendors: VendorSpecs):
+    aleph_alpha, dangling = vendor_schemas(vendors.refspecs_dir, "aleph_alpha")
     assert dangling == {"SteeringConceptRef"}  # not in the extract: accepts anything
     penalty = aleph_alpha["ChatRequest"]["properties"]["frequency_penalty"]
     assert (penalty["minimum"], penalty["maximum"]) == (-2, 2)  # stored as "-2", "2"
-    assert VENDORS.errors("aleph_alpha", "request", {"model": "m", "messages": [], "frequency_penalty": 3})
-    _openai, dangling = vendor_schemas(VENDORS.refspecs_dir, "openai")
+    assert vendors.errors("aleph_alpha", "request", {"model": "m", "messages": [], "frequency_penalty": 3})
+    _openai, dangling = vendor_schemas(vendors.refspecs_dir, "openai")
     assert not dangling
     chunk = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m"}
     choice = {"index": 0, "delta": {"content": "x"}, "logprobs": None, "finish_reason": None}
-    assert VENDORS.errors("openai", CHUNK, {**chunk, "choices": [choice]}) == []  # nullable: true
-    assert VENDORS.errors("openai", CHUNK, {**chunk, "choices": [{**choice, "finish_reason": "done"}]})
-    _azure, dangling = vendor_schemas(VENDORS.refspecs_dir, "azure")
+    assert vendors.errors("openai", CHUNK, {**chunk, "choices": [choice]}) == []  # nullable: true
+    assert vendors.errors("openai", CHUNK, {**chunk, "choices": [{**choice, "finish_reason": "done"}]})
+    _azure, dangling = vendor_schemas(vendors.refspecs_dir, "azure")
     assert not dangling

@@ -1,15 +1,15 @@
 """A Text Generation Inference stand-in for tests: TGI's routes on loopback, deterministic, and
-checked against TGI's own OpenAPI document, `tgi-openapi.json` in the shared refspecs (located
-the way `gateway.vendor_specs` locates them: `$CHATGATE_REFSPECS`, or `shared/refspecs` beside
-the repository).
+checked against TGI's own OpenAPI document, `tgi-openapi.json` among the vendor documents
+(tests/conftest.py finds them: `$CHATGATE_REFSPECS`, or `refspecs/` as scripts/fetch-refspecs
+writes it). Without that document the stand-in still serves, unchecked.
 
-Every request body it receives and every response body and stream event it sends is validated
-against the refspec's schemas; a mismatch is recorded in `failures` (the tests assert there are
-none), so the stand-in cannot drift from what real TGI accepts and sends. Where the refspec leaves
-behaviour open it follows TGI 3.x's router code: `POST /` streams with `data:` lines and no
-`[DONE]`, errors inside a stream are `{error, error_type}` events, the Messages API applies the
-chat template itself and streams a tool call as `{` plus argument fragments without a finish
-reason, and generated text keeps a matched stop string.
+With the document, every request body it receives and every response body and stream event it
+sends is validated against the refspec's schemas; a mismatch is recorded in `failures` (the
+tests assert there are none), so the stand-in cannot drift from what real TGI accepts and
+sends. Where the refspec leaves behaviour open it follows TGI 3.x's router code: `POST /`
+streams with `data:` lines and no `[DONE]`, errors inside a stream are `{error, error_type}`
+events, the Messages API applies the chat template itself and streams a tool call as `{` plus
+argument fragments without a finish reason, and generated text keeps a matched stop string.
 
 The "model" answers `You said: <last user text>` (plus ` (seed N)` when a seed is given), one
 word or punctuation mark per token, then an end-of-sequence token. A JSON grammar makes it answer
@@ -49,7 +49,6 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from backends.echo import instance_for
-from gateway.vendor_specs import REFSPECS_ENV, default_refspecs_dir
 
 REFSPEC_FILE = "tgi-openapi.json"
 MODEL_ID = "chatgate/tiny-tgi-stand-in"
@@ -86,14 +85,7 @@ def with_nullable(schema: Any) -> Any:
 class RefSpec:
     """Validators for the refspec's component schemas, read with OpenAPI 3.0 (Draft 4) semantics."""
 
-    def __init__(self, path: Path | None = None) -> None:
-        if path is None:
-            refspecs = default_refspecs_dir()
-            if refspecs is None:
-                raise RuntimeError(
-                    f"TGI's refspec is needed: set ${REFSPECS_ENV} to the shared/refspecs folder"
-                )
-            path = refspecs / REFSPEC_FILE
+    def __init__(self, path: Path) -> None:
         document = json.loads(path.read_text(encoding="utf-8"))
         self.components = with_nullable(document["components"])
         self.validators: dict[str, Draft4Validator] = {}
@@ -270,7 +262,7 @@ class DroppedConnection(Exception):
 
 @dataclass
 class TGIStandIn:
-    spec: RefSpec = field(default_factory=RefSpec)
+    spec: RefSpec | None = None  # TGI's document; None: nothing is checked
     requests: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     abandoned: list[str] = field(default_factory=list)
@@ -282,8 +274,11 @@ class TGIStandIn:
 
     # ----- checking what goes in and out ---------------------------------------------------
 
+    def errors(self, schema: str, instance: Any) -> list[str]:
+        return [] if self.spec is None else self.spec.errors(schema, instance)
+
     def check(self, where: str, schema: str, instance: Any) -> None:
-        for error in self.spec.errors(schema, instance):
+        for error in self.errors(schema, instance):
             self.failures.append(f"{where} does not match {schema}: {error}")
 
     def json(self, where: str, schema: str, body: Any, status: int = 200) -> JSONResponse:
@@ -297,7 +292,7 @@ class TGIStandIn:
         body = await request.json()
         where = f"request to {request.url.path}"
         self.requests.append((request.url.path, body))
-        problems = self.spec.errors(schema, body)
+        problems = self.errors(schema, body)
         if problems:
             self.failures += [f"{where} does not match {schema}: {p}" for p in problems]
             return self.error(where, 422, f"Failed to deserialize the JSON body: {problems[0]}", "validation")
@@ -625,9 +620,10 @@ def free_port() -> int:
 
 
 @contextmanager
-def running_tgi() -> Iterator[TGIStandIn]:
-    """The stand-in served by uvicorn on a free loopback port, in a thread of this process."""
-    stand_in = TGIStandIn()
+def running_tgi(refspecs: Path | None) -> Iterator[TGIStandIn]:
+    """The stand-in served by uvicorn on a free loopback port, in a thread of this process,
+    checked against TGI's document in the `refspecs` folder (unchecked when None)."""
+    stand_in = TGIStandIn(spec=RefSpec(refspecs / REFSPEC_FILE) if refspecs is not None else None)
     port = free_port()
     config = uvicorn.Config(
         stand_in.app(), host="127.0.0.1", port=port, log_level="critical", lifespan="off", loop="asyncio"
