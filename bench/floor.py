@@ -5,7 +5,7 @@ the upstream (BENCH_UPSTREAM, e.g. http://127.0.0.1:8081) and returns the answer
 JSON, piece by piece as it arrives for a stream. No routing, validation or policy.
 
 Two clients, two floors. `app` uses aiohttp, the usual pooled client (the floor the goals are
-set against, as in ../shared/NOTES.md). `lean_app` uses chatgate's own pool
+set against). `lean_app` uses chatgate's own pool
 (backends.upstream_http), so chatgate/lean floor is what chatgate's own work costs with the
 upstream hop the same on both sides.
 

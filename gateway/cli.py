@@ -155,7 +155,10 @@ def conformance(
     ] = None,
     refspecs: Annotated[
         Path | None,
-        typer.Option(help="Folder of vendor documents (default: $CHATGATE_REFSPECS, else shared/refspecs)."),
+        typer.Option(
+            help="Folder of vendor documents (default: $CHATGATE_REFSPECS, "
+            "else refspecs/ from scripts/fetch-refspecs)."
+        ),
     ] = None,
 ) -> None:
     """Test a running endpoint against a dialect's document: every schemathesis check, plus the
