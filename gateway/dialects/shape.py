@@ -239,24 +239,27 @@ class OpenAIShaped:
             "finish_reason": self.finish_reasons[choice.finish_reason or "stop"],
         }
 
-    def head(self, answer: Answer, kind: str) -> dict[str, Any]:
-        """What every body of the answer starts with."""
-        body: dict[str, Any] = {"id": answer.id, "object": kind, "created": answer.created}
+    def body(self, answer: Answer, kind: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        """A completion's or a chunk's body, without usage (one dict: this runs per chunk)."""
         if self.model_in_bodies:
-            body["model"] = answer.model
-        return body
+            return {
+                "id": answer.id,
+                "object": kind,
+                "created": answer.created,
+                "model": answer.model,
+                "choices": choices,
+            }
+        return {"id": answer.id, "object": kind, "created": answer.created, "choices": choices}
 
     def completion(self, answer: Answer, completion: Completion) -> dict[str, Any]:
-        return {
-            **self.head(answer, "chat.completion"),
-            "choices": [self.choice_body(c) for c in completion.choices],
-            "usage": self.usage_body(completion.usage),
-        }
+        body = self.body(answer, "chat.completion", [self.choice_body(c) for c in completion.choices])
+        body["usage"] = self.usage_body(completion.usage)
+        return body
 
     def chunk_body(
         self, answer: Answer, choices: list[dict[str, Any]], usage: Usage | None = None
     ) -> dict[str, Any]:
-        chunk = {**self.head(answer, "chat.completion.chunk"), "choices": choices}
+        chunk = self.body(answer, "chat.completion.chunk", choices)
         if usage is not None:
             chunk["usage"] = self.usage_body(usage)
         return chunk
