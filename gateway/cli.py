@@ -167,7 +167,7 @@ def conformance(
 
     if importlib.util.find_spec("schemathesis") is None:
         fail("chatgate conformance needs schemathesis: pip install 'chatgate[conformance]'")
-    from gateway.conformance_run import ConformanceUnavailable, render, run
+    from gateway.tools.conformance import ConformanceUnavailable, render, run
 
     headers = {}
     for item in header or []:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.vendor_specs import (
+from gateway.tools.vendor_specs import (
     REFSPECS_HOW,
     VENDOR_DOCUMENTS,
     RefspecsError,

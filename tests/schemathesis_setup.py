@@ -6,9 +6,9 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 
 from gateway.config import Settings
-from gateway.conformance import for_schemathesis, register_json_lines
 from gateway.dialects import DIALECTS
 from gateway.spec import load_document
+from gateway.tools.conformance_schema import for_schemathesis, register_json_lines
 
 SPEC_FILES = {name: dialect.document for name, dialect in DIALECTS.items()}
 EXAMPLES = settings(max_examples=50, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)

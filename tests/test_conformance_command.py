@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gateway.conformance_run import Report, render
 from gateway.policy.auth import new_key
-from gateway.vendor_specs import VENDOR_DOCUMENTS
+from gateway.tools.conformance import Report, render
+from gateway.tools.vendor_specs import VENDOR_DOCUMENTS
 from tests.broken_endpoint import broken_endpoint
 from tests.servers import ROOT, running_gateway
 

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway import vendor_specs
-from gateway.vendor_specs import REFSPECS_ENV, VENDOR_DOCUMENTS, RefspecsError, default_refspecs_dir
+from gateway.tools import vendor_specs
+from gateway.tools.vendor_specs import REFSPECS_ENV, VENDOR_DOCUMENTS, RefspecsError, default_refspecs_dir
 from tests.servers import ROOT
 from tests.tgi_server import REFSPEC_FILE as TGI_REFSPEC
 

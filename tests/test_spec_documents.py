@@ -7,9 +7,9 @@ import importlib
 import pytest
 from openapi_spec_validator import validate
 
-from gateway.codegen import stale_files
 from gateway.dialects import DIALECTS
 from gateway.spec import load_document
+from gateway.tools.codegen import stale_files
 
 SPEC_FILES = [dialect.document for dialect in DIALECTS.values()]
 

@@ -43,7 +43,7 @@ import yaml
 
 from gateway.policy.auth import new_key
 from gateway.spec import load_document
-from gateway.vendor_specs import (
+from gateway.tools.vendor_specs import (
     CHUNK,
     COMPLETION,
     ERROR,

@@ -1,7 +1,7 @@
 """Regenerate generated/ from openapi/ (or, with --check, fail when generated/ is stale).
 
-python -m gateway.codegen          # write generated/<dialect>.py
-python -m gateway.codegen --check  # exit 1 and name the stale files
+python -m gateway.tools.codegen          # write generated/<dialect>.py
+python -m gateway.tools.codegen --check  # exit 1 and name the stale files
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SPEC_DIR = ROOT / "openapi"
 OUT_DIR = ROOT / "generated"
 FLAGS = [
@@ -32,7 +32,9 @@ FLAGS = [
     "--strict-nullable",
     "--formatters", "black", "isort",
 ]  # fmt: skip
-PACKAGE_DOC = '"""Pydantic models generated from openapi/ by `python -m gateway.codegen`. Do not edit."""\n'
+PACKAGE_DOC = (
+    '"""Pydantic models generated from openapi/ by `python -m gateway.tools.codegen`. Do not edit."""\n'
+)
 
 
 def generate(out_dir: Path) -> list[Path]:

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gateway.conformance import for_schemathesis, register_json_lines
 from gateway.dialects import DIALECTS
 from gateway.spec import DialectSpec, load_document
-from gateway.vendor_specs import REFSPECS_HOW, VENDOR_DOCUMENTS, RefspecsError, VendorSpecs
+from gateway.tools.conformance_schema import for_schemathesis, register_json_lines
+from gateway.tools.vendor_specs import REFSPECS_HOW, VENDOR_DOCUMENTS, RefspecsError, VendorSpecs
 
 VENDOR_CHECK = "vendor_spec_conformance"
 RUN_EXTENSION = "x-chatgate-conformance"  # how the check learns the run's dialect: read off the document

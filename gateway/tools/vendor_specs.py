@@ -29,7 +29,7 @@ import jsonschema_rs
 import yaml
 
 REFSPECS_ENV = "CHATGATE_REFSPECS"
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 REF_PREFIXES = ("#/components/schemas/", "#/definitions/")
 NUMBER_KEYWORDS = frozenset(
     {
