@@ -26,9 +26,9 @@ from gateway.core.errors import NotFound
 from gateway.dialects import DIALECTS
 from gateway.dialects.shape import DocumentFacts, OpenAIShaped
 from gateway.front_door import FrontDoor
+from gateway.lifecycle import Lifecycle
 from gateway.pipeline import ChatPipeline
 from gateway.runtime import Runtime
-from gateway.serving import Lifecycle
 from gateway.spec import DialectSpec, load_document
 
 log = logging.getLogger("chatgate")

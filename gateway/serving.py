@@ -28,6 +28,7 @@ from typing import Any
 import uvicorn
 
 from gateway.config import ConfigError, Settings
+from gateway.lifecycle import Lifecycle
 
 log = logging.getLogger("chatgate")
 STARTUP_FAILURE = 3  # a worker's exit code when it could not start (uvicorn's own convention)
@@ -50,13 +51,6 @@ class ServeOptions:
     log_level: str
     access_log: bool
     log_config: dict[str, Any]
-
-
-@dataclass(slots=True)
-class Lifecycle:
-    """What the server tells the app about its own life (read by /ready)."""
-
-    draining: bool = False
 
 
 def bind(host: str, port: int, reuse_port: bool) -> socket.socket:
