@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from gateway.core.canonical import ChatRequest, Event
+from gateway.core.canonical import ChatRequest, EventStream
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +62,7 @@ class Backend(Protocol):
     name: str
     capabilities: Capabilities
 
-    def generate(self, request: ChatRequest) -> AsyncIterator[Event]:
+    def generate(self, request: ChatRequest) -> EventStream:
         """Yield TextDelta / ToolCallDelta / Finish events, then one Usage event."""
         ...
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
-from gateway.core.canonical import ChatRequest, Event, TextDelta, ToolCallDelta, Usage
+from gateway.core.canonical import ChatRequest, Event, EventStream, TextDelta, ToolCallDelta, Usage
 from gateway.core.errors import (
     BadGateway,
     GatewayError,
@@ -48,7 +48,7 @@ class Watchdog:
         self.waiting: asyncio.Task | None = None
         self.fired = False
 
-    async def next(self, events: AsyncIterator[Event], timeout: float, what: str) -> Event | None:
+    async def next(self, events: EventStream, timeout: float, what: str) -> Event | None:
         self.deadline = self.loop.time() + timeout
         if self.handle is None or self.handle.when() > self.deadline:
             if self.handle is not None:
@@ -96,7 +96,7 @@ class Dispatcher:
         request: ChatRequest,
         record: RequestRecord,
         on_usage: Callable[[Usage], Awaitable[None]] | None = None,
-    ) -> AsyncIterator[Event]:
+    ) -> EventStream:
         """The answer's events; `on_usage` hears the usage as it passes (to charge for it)."""
         config = deployment.config
         started = time.monotonic()
@@ -169,14 +169,14 @@ class Dispatcher:
         self,
         live: LiveDeployment,
         replica: Replica,
-        events: AsyncIterator[Event],
+        events: EventStream,
         first: Event | None,
         deadline: float,
         record: RequestRecord,
         begun: float,
         watchdog: Watchdog,
         on_usage: Callable[[Usage], Awaitable[None]] | None,
-    ) -> AsyncIterator[Event]:
+    ) -> EventStream:
         """The rest of a stream that has begun: idle and total timeouts, health verdict."""
         idle = live.config.timeouts.idle
         event = first
@@ -226,7 +226,7 @@ class Dispatcher:
         self,
         live: LiveDeployment,
         replica: Replica,
-        events: AsyncIterator[Event],
+        events: EventStream,
         error: GatewayError,
         broken: bool = True,
     ) -> None:

@@ -21,7 +21,7 @@ import orjson
 from starlette.responses import Response
 
 from gateway.call import Call
-from gateway.core.canonical import Event, answer_too_large, gather
+from gateway.core.canonical import Event, EventStream, answer_too_large, gather
 from gateway.core.errors import GatewayError, InternalError
 from gateway.dialects.dialect import Dialect
 from gateway.dialects.shape import JSON, Answer, OpenAIShaped, StreamState
@@ -77,7 +77,7 @@ class ChatPipeline:
         self,
         answer: Answer,
         first: asyncio.Future[Event | None],
-        events: AsyncIterator[Event],
+        events: EventStream,
         call: Call,
         keepalive: float | None,
     ) -> AsyncIterator[bytes]:

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gateway.config import Settings
-from gateway.core.canonical import ChatRequest, Event, Usage
+from gateway.core.canonical import ChatRequest, EventStream, Usage
 from gateway.core.errors import DeploymentForbidden
 from gateway.dispatch import Dispatcher
 from gateway.metrics import Metrics
@@ -93,9 +93,7 @@ class Runtime:
             admission.headers = rate_headers(verdict)
         return admission
 
-    def generate(
-        self, admission: Admission, request: ChatRequest, record: RequestRecord
-    ) -> AsyncIterator[Event]:
+    def generate(self, admission: Admission, request: ChatRequest, record: RequestRecord) -> EventStream:
         """The backend's events (through retries, fallback and timeouts), screened by the output
         filter; completion tokens are charged to the rate limits when the usage passes. The
         filter is stacked only when configured: every layer costs something on every chunk."""

@@ -207,7 +207,7 @@ class Supervisor:
         finally:
             for sock in self.sockets:
                 sock.close()
-            if own_dir:
+            if own_dir and metrics_dir is not None:
                 shutil.rmtree(metrics_dir, ignore_errors=True)
                 os.environ.pop(MULTIPROC_ENV, None)
 

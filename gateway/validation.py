@@ -80,9 +80,9 @@ def parse_and_validate(raw: bytes, validator: jsonschema_rs.Draft4Validator) -> 
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as error:
         raise BadRequest(f"The request body is not valid JSON: {error}") from None
-    error = next(validator.iter_errors(body), None)
-    if error is not None:
-        raise validation_error(error)
+    problem = next(validator.iter_errors(body), None)
+    if problem is not None:
+        raise validation_error(problem)
     return body
 
 

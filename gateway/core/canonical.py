@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -96,6 +96,9 @@ class Usage:
 
 
 Event = TextDelta | ToolCallDelta | Finish | Usage
+# What a backend's `generate` returns: an async generator, so whoever stops early can close it
+# (and the backend hangs up on its upstream).
+EventStream = AsyncGenerator[Event, None]
 
 
 @dataclass(slots=True)

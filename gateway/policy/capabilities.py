@@ -54,11 +54,10 @@ def modalities_of(messages: list[dict[str, Any]]) -> set[str]:
     for message in messages:
         content = message.get("content")
         if isinstance(content, list):
-            found |= {
-                PART_MODALITIES[p.get("type")]
-                for p in content
-                if isinstance(p, dict) and p.get("type") in PART_MODALITIES
-            }
+            for part in content:
+                kind = part.get("type") if isinstance(part, dict) else None
+                if isinstance(kind, str) and kind in PART_MODALITIES:
+                    found.add(PART_MODALITIES[kind])
     return found
 
 

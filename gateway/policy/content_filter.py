@@ -7,10 +7,9 @@ completion that trips it ends with finish_reason `content_filter`, cut before th
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
 
 from gateway.config import ContentFilter, FilterRules
-from gateway.core.canonical import Event, Finish, TextDelta, ToolCallDelta
+from gateway.core.canonical import EventStream, Finish, TextDelta, ToolCallDelta
 from gateway.core.errors import ContentFiltered
 
 
@@ -43,16 +42,16 @@ class Filter:
                 code="content_filter",
             )
 
-    async def screen(self, events: AsyncIterator[Event]) -> AsyncIterator[Event]:
+    async def screen(self, events: EventStream) -> EventStream:
         """Pass events through, ending a choice at the first filtered text."""
         assert self.output is not None, "stack screen() only when there are output rules"
         seen: dict[int, str] = {}
         stopped: set[int] = set()
         async for event in events:
-            index = getattr(event, "index", None)
-            if index in stopped and isinstance(event, TextDelta | ToolCallDelta | Finish):
+            if isinstance(event, TextDelta | ToolCallDelta | Finish) and event.index in stopped:
                 continue
             if isinstance(event, TextDelta):
+                index = event.index
                 before = seen.get(index, "")
                 text = before + event.text
                 match = self.output.search(text, max(0, len(before) - 200))

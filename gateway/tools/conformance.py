@@ -189,7 +189,9 @@ def shape_cases(dialect: str, document: dict[str, Any]) -> Callable[[Any, Any], 
     return map_case
 
 
-def load_schema(dialect: str, url: str, refspecs: Path | None, headers: dict[str, str], max_examples: int):
+def load_schema(
+    dialect: str, url: str, refspecs: Path | None, headers: dict[str, str], max_examples: int
+) -> Any:
     import schemathesis
     from schemathesis.config import SchemathesisConfig
 
