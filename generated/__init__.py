@@ -1,1 +1,1 @@
-"""Pydantic models generated from openapi/ by `python -m gateway.tools.codegen`. Do not edit."""
+"""TypedDicts generated from openapi/ by `python -m gateway.tools.codegen`. Do not edit."""

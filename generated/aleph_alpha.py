@@ -3,397 +3,176 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
-
-from pydantic import BaseModel, Field, RootModel
-from typing_extensions import TypeAliasType
-
-LogitBiasAdditionalProperty = TypeAliasType(
-    "LogitBiasAdditionalProperty", Annotated[float, Field(ge=-100.0, le=100.0)]
-)
+from typing import Any, Literal, NotRequired, TypedDict
 
 
-class StreamOptions(BaseModel):
+class StreamOptions(TypedDict):
     """
     Options for streaming.
     """
 
-    include_usage: Annotated[
-        bool | None,
-        Field(
-            description="When true, one extra chunk is sent just before `data: [DONE]`; its `usage` holds the token counts of the whole request and its `choices` is empty."
-        ),
-    ] = None
+    include_usage: NotRequired[bool]
 
 
-class ChatRequestMessage(BaseModel):
+class ChatRequestMessage(TypedDict):
     """
     One message of the conversation.
     """
 
-    role: Annotated[
-        Literal["system", "user", "assistant"],
-        Field(
-            description="Who wrote the message. Only the first message may be `system`; after it, `user` and `assistant` alternate, starting and ending with `user`."
-        ),
-    ]
-    content: Annotated[str, Field(description="The text of the message.")]
-    name: Annotated[
-        Any | None,
-        Field(deprecated=True, description="Unsupported; accepted and ignored."),
-    ] = None
+    role: Literal["system", "user", "assistant"]
+    content: str
+    name: NotRequired[Any]
 
 
-class ChatResponseMessage(BaseModel):
+class ChatResponseMessage(TypedDict):
     """
     The generated message (streaming disabled).
     """
 
-    role: Annotated[Literal["assistant"], Field(description="Always `assistant`.")]
-    content: Annotated[str, Field(description="The generated text.")]
+    role: Literal["assistant"]
+    content: str
 
 
-class ChatStreamDelta(BaseModel):
+class ChatStreamDelta(TypedDict):
     """
     The new part of the generated message.
     """
 
-    role: Annotated[
-        Literal["assistant"] | None,
-        Field(
-            description="`assistant` in the first chunk of each completion; absent afterwards."
-        ),
-    ] = None
-    content: Annotated[
-        str,
-        Field(description="The new text; empty in the first chunk of each completion."),
-    ]
+    role: NotRequired[Literal["assistant"]]
+    content: str
 
 
-class Byte(RootModel[int]):
-    root: Annotated[int, Field(ge=0, le=255)]
+class ChatResponseTopLogprob(TypedDict):
+    token: str
+    logprob: float
+    bytes: list[int]
 
 
-class ChatResponseTopLogprob(BaseModel):
-    token: Annotated[str, Field(description="The token.")]
-    logprob: Annotated[float, Field(description="The token's log probability.")]
-    bytes: Annotated[list[Byte], Field(description="The UTF-8 bytes of the token.")]
-
-
-class Usage(BaseModel):
+class Usage(TypedDict):
     """
     Token counts for the whole request.
     """
 
-    completion_tokens: Annotated[int, Field(description="Tokens generated.", ge=0)]
-    prompt_tokens: Annotated[int, Field(description="Tokens in the prompt.", ge=0)]
-    total_tokens: Annotated[
-        int, Field(description="prompt_tokens + completion_tokens.", ge=0)
-    ]
+    completion_tokens: int
+    prompt_tokens: int
+    total_tokens: int
 
 
-class StreamUsage(BaseModel):
+class StreamUsage(TypedDict):
     """
     Token counts for the whole request; null in ordinary chunks, set only in the extra usage-only chunk sent when `stream_options.include_usage` is true.
     """
 
-    completion_tokens: Annotated[int, Field(description="Tokens generated.", ge=0)]
-    prompt_tokens: Annotated[int, Field(description="Tokens in the prompt.", ge=0)]
-    total_tokens: Annotated[
-        int, Field(description="prompt_tokens + completion_tokens.", ge=0)
-    ]
+    completion_tokens: int
+    prompt_tokens: int
+    total_tokens: int
 
 
-class ErrorResponse(BaseModel):
+class ErrorResponse(TypedDict):
     """
     Aleph Alpha's error body: a human-readable message and a machine-readable code.
     """
 
-    error: Annotated[str, Field(description="What went wrong, for humans.")]
-    code: Annotated[
-        str,
-        Field(
-            description="A machine-readable error code in upper snake case, e.g. `TOO_MANY_REQUESTS`."
-        ),
-    ]
+    error: str
+    code: str
 
 
-class ChatStreamChunkEvent(BaseModel):
+class ChatStreamChunkEvent(TypedDict):
     """
     One server-sent event (`data: <payload>`). Its `data` is a `ChatStreamChunk` as JSON; the last event of a stream is `data: [DONE]`; an error after the stream has begun arrives as one event whose data is a `ErrorResponse`.
     """
 
-    data: Annotated[Literal["[DONE]"] | str, Field(description="The event's payload.")]
+    data: Literal["[DONE]"] | str
 
 
-class ChatRequest(BaseModel):
+class ChatRequest(TypedDict):
     """
     A chat completion request in the Aleph Alpha dialect.
     """
 
-    messages: Annotated[
-        list[ChatRequestMessage],
-        Field(
-            description="The conversation so far.\n\nOrdering rule (not expressible in JSON Schema; the gateway enforces it and answers\n400): at most one `system` message, and only as the first message; the remaining\nmessages strictly alternate between `user` and `assistant`, beginning with `user`\nand ending with `user`.\n",
-            min_length=1,
-        ),
-    ]
-    model: Annotated[
-        str,
-        Field(
-            description="The model to query; it must be one that serves chat completions."
-        ),
-    ]
-    frequency_penalty: Annotated[
-        float | None,
-        Field(
-            description="Lowers (positive) or raises (negative) the likelihood of tokens in proportion to how often they already occur in the completion: the penalty accumulates with each repetition.",
-            ge=-2.0,
-            le=2.0,
-        ),
-    ] = None
-    logit_bias: Annotated[
-        dict[str, LogitBiasAdditionalProperty] | None,
-        Field(
-            description="A map from token id (as a string, since JSON keys are strings) to a bias added to that token's logit before sampling. Values around -1..1 nudge the choice; values near -100 or 100 effectively forbid or force the token."
-        ),
-    ] = None
-    logprobs: Annotated[
-        bool,
-        Field(
-            description="When true, the log probability of each sampled token is returned."
-        ),
-    ] = False
-    top_logprobs: Annotated[
-        int | None,
-        Field(
-            description="Also return the `n` most likely alternatives (with their log probabilities) at each token position.",
-            ge=0,
-            le=20,
-        ),
-    ] = None
-    max_tokens: Annotated[
-        int | None,
-        Field(
-            description="The most tokens to generate. The usable maximum depends on the model and the prompt length; when absent, as many as the context allows.",
-            ge=1,
-            le=1048576,
-        ),
-    ] = None
-    n: Annotated[
-        int,
-        Field(
-            description="How many completions to generate for the conversation; all are returned.",
-            ge=1,
-            le=128,
-        ),
-    ] = 1
-    presence_penalty: Annotated[
-        float | None,
-        Field(
-            description="Lowers (positive) or raises (negative) the likelihood of tokens that already occur in the completion, by the same amount however often they occur.",
-            ge=-2.0,
-            le=2.0,
-        ),
-    ] = None
-    response_format: Annotated[
-        None,
-        Field(
-            deprecated=True,
-            description="Unsupported; a request that sets it is rejected (400).",
-        ),
-    ] = None
-    seed: Annotated[
-        Any | None,
-        Field(deprecated=True, description="Unsupported; accepted and ignored."),
-    ] = None
-    service_tier: Annotated[
-        Any | None,
-        Field(deprecated=True, description="Unsupported; accepted and ignored."),
-    ] = None
-    stop: Annotated[
-        str | list[str] | None,
-        Field(
-            description="Generation stops when the model produces this sequence (a string) or any of these sequences (an array of strings)."
-        ),
-    ] = None
-    stream: Annotated[
-        bool,
-        Field(
-            description="When true, tokens are sent as they are generated, as server-sent events, ending with `data: [DONE]`."
-        ),
-    ] = False
-    stream_options: Annotated[
-        StreamOptions | None, Field(description="Options for streaming.")
-    ] = None
-    temperature: Annotated[
-        float,
-        Field(
-            description="Sampling randomness: the logits are divided by it before sampling; 0 always picks the most likely token, higher values give more varied text.",
-            ge=0.0,
-            le=2.0,
-        ),
-    ] = 1
-    top_p: Annotated[
-        float,
-        Field(
-            description="Nucleus sampling: only the most likely tokens whose cumulative probability reaches this threshold are kept.",
-            ge=0.0,
-            le=1.0,
-        ),
-    ] = 1
-    tools: Annotated[
-        None,
-        Field(
-            deprecated=True,
-            description="Unsupported; a request that sets it is rejected (400).",
-        ),
-    ] = None
-    tool_choice: Annotated[
-        None,
-        Field(
-            deprecated=True,
-            description="Unsupported; a request that sets it is rejected (400).",
-        ),
-    ] = None
-    parallel_tool_calls: Annotated[
-        None,
-        Field(
-            deprecated=True,
-            description="Unsupported; a request that sets it is rejected (400).",
-        ),
-    ] = None
-    user: Annotated[
-        Any | None,
-        Field(deprecated=True, description="Unsupported; accepted and ignored."),
-    ] = None
+    messages: list[ChatRequestMessage]
+    model: str
+    frequency_penalty: NotRequired[float]
+    logit_bias: NotRequired[dict[str, float]]
+    logprobs: NotRequired[bool]
+    top_logprobs: NotRequired[int]
+    max_tokens: NotRequired[int]
+    n: NotRequired[int]
+    presence_penalty: NotRequired[float]
+    response_format: NotRequired[None]
+    seed: NotRequired[Any]
+    service_tier: NotRequired[Any]
+    stop: NotRequired[str | list[str]]
+    stream: NotRequired[bool]
+    stream_options: NotRequired[StreamOptions]
+    temperature: NotRequired[float]
+    top_p: NotRequired[float]
+    tools: NotRequired[None]
+    tool_choice: NotRequired[None]
+    parallel_tool_calls: NotRequired[None]
+    user: NotRequired[Any]
 
 
-class ChatResponseLogprobToken(BaseModel):
-    token: Annotated[str, Field(description="The token.")]
-    logprob: Annotated[
-        float,
-        Field(
-            description="The token's log probability. When the worker did not report one, the value is -9999.0 (a fallback, not a real log probability)."
-        ),
-    ]
-    bytes: Annotated[list[Byte], Field(description="The UTF-8 bytes of the token.")]
-    top_logprobs: Annotated[
-        list[ChatResponseTopLogprob],
-        Field(
-            description="The most likely tokens at this position with their log probabilities; rarely fewer than the requested `top_logprobs`.",
-            max_length=20,
-        ),
-    ]
+class ChatResponseLogprobToken(TypedDict):
+    token: str
+    logprob: float
+    bytes: list[int]
+    top_logprobs: list[ChatResponseTopLogprob]
 
 
-class ChatResponseLogprobs(BaseModel):
+class ChatResponseLogprobs(TypedDict):
     """
     Log-probability information for the choice (when `logprobs` was requested); null when not requested and at the end of a completion stream.
     """
 
-    content: Annotated[
-        list[ChatResponseLogprobToken] | None,
-        Field(description="One entry per generated token."),
-    ] = None
+    content: NotRequired[list[ChatResponseLogprobToken]]
 
 
-class ChatResponseChoice(BaseModel):
+class ChatResponseChoice(TypedDict):
     """
     One completion of a non-streamed response.
     """
 
-    finish_reason: Annotated[
-        Literal["stop", "length", "content_filter"],
-        Field(
-            description="Why generation stopped: `stop` at a natural end or a stop sequence, `length` at `max_tokens`, `content_filter` when the worker's stop reason was not understood."
-        ),
-    ]
-    index: Annotated[
-        int,
-        Field(
-            description="Which completion this is (0-based), relevant when `n` > 1.",
-            ge=0,
-        ),
-    ]
+    finish_reason: Literal["stop", "length", "content_filter"]
+    index: int
     message: ChatResponseMessage
-    logprobs: ChatResponseLogprobs | None = None
+    logprobs: NotRequired[ChatResponseLogprobs | None]
 
 
-class ChatStreamChoice(BaseModel):
+class ChatStreamChoice(TypedDict):
     """
     A piece of one completion in a stream.
     """
 
-    finish_reason: Annotated[
-        Literal["stop", "length", "content_filter"] | None,
-        Field(
-            description="Why generation stopped (see ChatResponseChoice); set only in the last chunk of a completion and null otherwise."
-        ),
-    ] = None
-    index: Annotated[
-        int,
-        Field(
-            description="Which completion this chunk belongs to; chunks of different completions may interleave when `n` > 1.",
-            ge=0,
-        ),
-    ]
+    finish_reason: NotRequired[Literal["stop", "length", "content_filter"] | None]
+    index: int
     delta: ChatStreamDelta
-    logprobs: ChatResponseLogprobs | None = None
+    logprobs: NotRequired[ChatResponseLogprobs | None]
 
 
-class ChatResponse(BaseModel):
+class ChatResponse(TypedDict):
     """
     A complete chat completion (streaming disabled).
     """
 
-    id: Annotated[str, Field(description="An id unique to this request.")]
-    choices: Annotated[
-        list[ChatResponseChoice],
-        Field(description="The completions; more than one when `n` > 1."),
-    ]
-    created: Annotated[
-        int, Field(description="Unix time (seconds) when the completion was created.")
-    ]
-    model: Annotated[str, Field(description="The model that generated the completion.")]
-    system_fingerprint: Annotated[
-        str | None,
-        Field(
-            description="Identifies the model version/deployment that produced the completion, to track differences between deployments of the same model."
-        ),
-    ] = None
-    object: Annotated[
-        Literal["chat.completion"], Field(description="Always `chat.completion`.")
-    ]
+    id: str
+    choices: list[ChatResponseChoice]
+    created: int
+    model: str
+    system_fingerprint: NotRequired[str | None]
+    object: Literal["chat.completion"]
     usage: Usage
 
 
-class ChatStreamChunk(BaseModel):
+class ChatStreamChunk(TypedDict):
     """
     One server-sent event of a streamed completion. All chunks of a request share the same `id`. With `stream_options.include_usage`, one final chunk has empty `choices` and the request's `usage`.
     """
 
-    id: Annotated[
-        str, Field(description="An id unique to this request; the same in every chunk.")
-    ]
-    choices: Annotated[
-        list[ChatStreamChoice],
-        Field(
-            description="The chunk's pieces of completions (one per completion index it advances); empty in the usage-only chunk."
-        ),
-    ]
-    created: Annotated[
-        int, Field(description="Unix time (seconds) when the completion was created.")
-    ]
-    model: Annotated[str, Field(description="The model that generated the completion.")]
-    system_fingerprint: Annotated[
-        str | None,
-        Field(
-            description="The model version/deployment that produced the completion; set only in the last chunk of a completion, null otherwise."
-        ),
-    ] = None
-    object: Annotated[
-        Literal["chat.completion.chunk"],
-        Field(description="Always `chat.completion.chunk`."),
-    ]
-    usage: StreamUsage | None = None
+    id: str
+    choices: list[ChatStreamChoice]
+    created: int
+    model: str
+    system_fingerprint: NotRequired[str | None]
+    object: Literal["chat.completion.chunk"]
+    usage: NotRequired[StreamUsage | None]

@@ -3,385 +3,185 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
-
-from pydantic import BaseModel, Field, RootModel
-from typing_extensions import TypeAliasType
-
-LogitBiasAdditionalProperty = TypeAliasType(
-    "LogitBiasAdditionalProperty", Annotated[float, Field(ge=-100.0, le=100.0)]
-)
+from typing import Literal, NotRequired, TypeAlias, TypedDict
 
 
-class TextContentPart(BaseModel):
+class TextContentPart(TypedDict):
     type: Literal["text"]
-    text: Annotated[str, Field(description="The text.")]
+    text: str
 
 
-class ImageUrl(BaseModel):
-    url: Annotated[
-        str,
-        Field(
-            description="An image URL, or the image as a base64 data URL (recommended: fetching a URL adds latency and a point of failure)."
-        ),
-    ]
+class ImageUrl(TypedDict):
+    url: str
 
 
-class ImageContentPart(BaseModel):
+class ImageContentPart(TypedDict):
     type: Literal["image_url"]
     image_url: ImageUrl
 
 
-class ResponseMessage(BaseModel):
+class ResponseMessage(TypedDict):
     """
     The generated message.
     """
 
-    role: Annotated[Literal["assistant"], Field(description="Always `assistant`.")]
-    content: Annotated[str, Field(description="The generated text.")]
+    role: Literal["assistant"]
+    content: str
 
 
-class Byte(RootModel[int]):
-    root: Annotated[int, Field(ge=0, le=1114111)]
+FinishReason: TypeAlias = Literal["length", "eos_token", "stop_sequence"]
 
 
-class TopLogprob(BaseModel):
-    token: Annotated[str, Field(description="The token.")]
-    logprob: Annotated[float, Field(description="The token's log probability.")]
-    bytes: Annotated[
-        list[Byte] | None,
-        Field(
-            description="The token's characters as integer code points (equal to its bytes for ASCII text); null for an empty token."
-        ),
-    ]
+class TopLogprob(TypedDict):
+    token: str
+    logprob: float
+    bytes: list[int] | None
 
 
-class Usage(BaseModel):
+class Usage(TypedDict):
     """
     Token counts for the request.
     """
 
-    completion_tokens: Annotated[int, Field(description="Tokens generated.", ge=0)]
-    prompt_tokens: Annotated[int, Field(description="Tokens in the prompt.", ge=0)]
-    total_tokens: Annotated[
-        int, Field(description="prompt_tokens + completion_tokens.", ge=0)
-    ]
+    completion_tokens: int
+    prompt_tokens: int
+    total_tokens: int
 
 
-class Delta(BaseModel):
+class Delta(TypedDict):
     """
     The new part of the generated message.
     """
 
-    content: Annotated[str, Field(description="The new token text.")]
-    role: Annotated[
-        Literal["assistant"] | None,
-        Field(
-            description="`assistant` in the first line of a stream; absent afterwards."
-        ),
-    ] = None
+    content: str
+    role: NotRequired[Literal["assistant"]]
 
 
-class StreamTopLogprob(BaseModel):
-    token: Annotated[
-        str | float,
-        Field(
-            description="The token. Real LMI streams put the token's log probability (a number) here; a string is the token text."
-        ),
-    ]
-    logprob: Annotated[float, Field(description="The token's log probability.")]
-    bytes: Annotated[
-        list[Byte] | None,
-        Field(
-            description="The token's characters as integer code points (equal to its bytes for ASCII text); null for an empty token."
-        ),
-    ]
+class StreamTopLogprob(TypedDict):
+    token: str | float
+    logprob: float
+    bytes: list[int] | None
 
 
-class PingResponse(BaseModel):
+class PingResponse(TypedDict):
     """
     The health-check answer.
     """
 
-    status: Annotated[
-        Literal["Healthy"], Field(description="Always `Healthy` in a 200 answer.")
-    ]
+    status: Literal["Healthy"]
 
 
-class ErrorResponse(BaseModel):
+class ErrorResponse(TypedDict):
     """
     DJL Serving's error body.
     """
 
-    code: Annotated[
-        int,
-        Field(
-            description="The HTTP status code, repeated in the body.", ge=400, le=599
-        ),
-    ]
-    type: Annotated[
-        str, Field(description="The name of the exception, e.g. `BadRequestException`.")
-    ]
-    message: Annotated[str, Field(description="What went wrong, for humans.")]
+    code: int
+    type: str
+    message: str
 
 
-class LogprobToken(BaseModel):
-    token: Annotated[str, Field(description="The generated token.")]
-    logprob: Annotated[float, Field(description="The token's log probability.")]
-    bytes: Annotated[
-        list[Byte] | None,
-        Field(
-            description="The token's characters as integer code points (equal to its bytes for ASCII text); null for an empty token."
-        ),
-    ]
-    top_logprobs: Annotated[
-        list[TopLogprob],
-        Field(
-            description="The most likely tokens at this position with their log probabilities (LMI currently returns one: the generated token itself).",
-            max_length=20,
-        ),
-    ]
+ContentPart: TypeAlias = TextContentPart | ImageContentPart
 
 
-class StreamLogprobToken(BaseModel):
-    token: Annotated[str, Field(description="The generated token.")]
-    logprob: Annotated[float, Field(description="The token's log probability.")]
-    bytes: Annotated[
-        list[Byte] | None,
-        Field(
-            description="The token's characters as integer code points (equal to its bytes for ASCII text); null for an empty token."
-        ),
-    ]
-    top_logprobs: Annotated[
-        list[StreamTopLogprob],
-        Field(
-            description="The most likely tokens at this position (LMI currently sends one).",
-            max_length=20,
-        ),
-    ]
+class LogprobToken(TypedDict):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+    top_logprobs: list[TopLogprob]
 
 
-class Message(BaseModel):
+class StreamLogprobToken(TypedDict):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+    top_logprobs: list[StreamTopLogprob]
+
+
+class Message(TypedDict):
     """
     One message of the conversation.
     """
 
-    role: Annotated[
-        Literal["system", "user", "assistant"],
-        Field(description="Who wrote the message."),
-    ]
-    content: Annotated[
-        str | list[TextContentPart | ImageContentPart],
-        Field(
-            description="The message text, or (for vision models) an array of text and image parts."
-        ),
-    ]
+    role: Literal["system", "user", "assistant"]
+    content: str | list[ContentPart]
 
 
-class Logprobs(BaseModel):
+class Logprobs(TypedDict):
     """
     Log probabilities of the generated tokens; null unless `logprobs` was true.
     """
 
-    content: Annotated[
-        list[LogprobToken], Field(description="One entry per generated token.")
-    ]
+    content: list[LogprobToken]
 
 
-class StreamLogprobs(BaseModel):
-    content: Annotated[
-        list[StreamLogprobToken],
-        Field(description="The chunk's token (LMI sends one per line).", min_length=1),
-    ]
+class StreamLogprobs(TypedDict):
+    content: list[StreamLogprobToken]
 
 
-class ChatCompletionRequest(BaseModel):
+class ChatCompletionRequest(TypedDict):
     """
     A chat completion request in the LMI dialect (OpenAI-compatible subset).
     """
 
-    messages: Annotated[
-        list[Message], Field(description="The conversation so far.", min_length=1)
-    ]
-    model: Annotated[
-        str | None,
-        Field(
-            description="The model name. LMI serves one model per endpoint and does not use this value; the gateway may use it to route."
-        ),
-    ] = None
-    frequency_penalty: Annotated[
-        float | None,
-        Field(
-            description="Penalises tokens in proportion to how often they already occur in the text (positive values discourage repetition).",
-            ge=-2.0,
-            le=2.0,
-        ),
-    ] = 0
-    logit_bias: Annotated[
-        dict[str, LogitBiasAdditionalProperty] | None,
-        Field(
-            description='A map from token id (as a string) to a bias added to that token\'s logit, e.g. `{"2435": -100.0, "640": -100.0}`.'
-        ),
-    ] = None
-    logprobs: Annotated[
-        bool | None,
-        Field(
-            description="When true, log probabilities of the generated tokens are returned (set `top_logprobs` to a positive integer as well)."
-        ),
-    ] = False
-    top_logprobs: Annotated[
-        int | None,
-        Field(
-            description="How many most-likely alternatives to return per token position. Only used when `logprobs` is true.",
-            ge=0,
-            le=20,
-        ),
-    ] = None
-    max_tokens: Annotated[
-        int | None, Field(description="The most tokens to generate.", ge=1, le=1048576)
-    ] = None
-    n: Annotated[
-        int | None, Field(description="How many completions to generate.", ge=1, le=128)
-    ] = 1
-    presence_penalty: Annotated[
-        float | None,
-        Field(
-            description="Penalises tokens that already occur in the text, however often (positive values encourage new topics).",
-            ge=-2.0,
-            le=2.0,
-        ),
-    ] = 0
-    seed: Annotated[
-        int | None,
-        Field(
-            description="A random seed for reproducible sampling.",
-            ge=-9223372036854775808,
-            le=9223372036854775807,
-        ),
-    ] = None
-    stop: Annotated[
-        str | list[str] | None,
-        Field(
-            description='A sequence (string) or sequences (array of strings) at which generation stops, e.g. `["test"]`.'
-        ),
-    ] = None
-    stream: Annotated[
-        bool | None,
-        Field(
-            description="When true, the reply is sent token by token as `application/jsonlines` (one chunk object per line)."
-        ),
-    ] = False
-    temperature: Annotated[
-        float | None,
-        Field(
-            description="Sampling temperature; higher values give more random text.",
-            ge=0.0,
-            le=2.0,
-        ),
-    ] = 1
-    top_p: Annotated[
-        float | None,
-        Field(
-            description="Nucleus sampling; only tokens within this cumulative probability are kept.",
-            ge=0.0,
-            le=1.0,
-        ),
-    ] = 1
-    user: Annotated[
-        str | None,
-        Field(
-            description='An end-user identifier, e.g. `"test"` (accepted, not used by LMI).'
-        ),
-    ] = None
-    ignore_eos: Annotated[
-        bool,
-        Field(
-            description="When true, generation does not stop at the end-of-sequence token (it continues until `max_tokens` or a stop sequence)."
-        ),
-    ] = False
+    messages: list[Message]
+    model: NotRequired[str | None]
+    frequency_penalty: NotRequired[float | None]
+    logit_bias: NotRequired[dict[str, float] | None]
+    logprobs: NotRequired[bool | None]
+    top_logprobs: NotRequired[int | None]
+    max_tokens: NotRequired[int | None]
+    n: NotRequired[int | None]
+    presence_penalty: NotRequired[float | None]
+    seed: NotRequired[int | None]
+    stop: NotRequired[str | list[str] | None]
+    stream: NotRequired[bool | None]
+    temperature: NotRequired[float | None]
+    top_p: NotRequired[float | None]
+    user: NotRequired[str | None]
+    ignore_eos: NotRequired[bool]
 
 
-class Choice(BaseModel):
+class Choice(TypedDict):
     """
     One completion.
     """
 
-    index: Annotated[int, Field(description="The index of the choice.", ge=0)]
+    index: int
     message: ResponseMessage
     logprobs: Logprobs | None
-    finish_reason: Annotated[
-        Literal["length", "eos_token", "stop_sequence"],
-        Field(
-            description="Why generation stopped: `length` at `max_tokens`, `eos_token` at the model's end-of-sequence token, `stop_sequence` at one of the `stop` sequences."
-        ),
-    ]
+    finish_reason: FinishReason
 
 
-class StreamChoice(BaseModel):
+class StreamChoice(TypedDict):
     """
     A piece of one completion in a stream.
     """
 
-    index: Annotated[int, Field(description="The index of the choice.", ge=0)]
+    index: int
     delta: Delta
-    logprobs: Annotated[
-        list[StreamLogprobs] | None,
-        Field(
-            description='Log probability of this chunk\'s token, as a one-element array holding `{"content": [...]}`; null unless `logprobs` was true.',
-            max_length=1,
-            min_length=1,
-        ),
-    ]
-    finish_reason: Annotated[
-        Literal["length", "eos_token", "stop_sequence"] | None,
-        Field(description="Why generation stopped; null in every line but the last."),
-    ]
+    logprobs: list[StreamLogprobs] | None
+    finish_reason: Literal["length", "eos_token", "stop_sequence"] | None
 
 
-class ChatCompletion(BaseModel):
+class ChatCompletion(TypedDict):
     """
     A complete chat completion (streaming disabled).
     """
 
-    id: Annotated[str, Field(description="The completion's id, e.g. `chatcmpl-0`.")]
-    object: Annotated[
-        Literal["chat.completion"], Field(description="Always `chat.completion`.")
-    ]
-    created: Annotated[
-        int, Field(description="Unix time (seconds) when the completion was created.")
-    ]
-    choices: Annotated[
-        list[Choice],
-        Field(
-            description="The completions (LMI currently always returns exactly one).",
-            max_length=128,
-            min_length=1,
-        ),
-    ]
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    choices: list[Choice]
     usage: Usage
 
 
-class ChatCompletionChunk(BaseModel):
+class ChatCompletionChunk(TypedDict):
     """
     One line of an `application/jsonlines` stream: the next token(s) of the completion.
     """
 
-    id: Annotated[
-        str,
-        Field(description="The completion's id; the same in every line of a stream."),
-    ]
-    object: Annotated[
-        Literal["chat.completion.chunk"],
-        Field(description="Always `chat.completion.chunk`."),
-    ]
-    created: Annotated[
-        int, Field(description="Unix time (seconds) when the chunk was created.")
-    ]
-    choices: Annotated[
-        list[StreamChoice],
-        Field(
-            description="The pieces of the completions (LMI currently always sends exactly one).",
-            max_length=128,
-            min_length=1,
-        ),
-    ]
+    id: str
+    object: Literal["chat.completion.chunk"]
+    created: int
+    choices: list[StreamChoice]

@@ -3,49 +3,37 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
-
-from pydantic import BaseModel, ConfigDict, Field, RootModel
-from typing_extensions import TypeAliasType
-
-LogitBiasAdditionalProperty = TypeAliasType(
-    "LogitBiasAdditionalProperty", Annotated[int, Field(ge=-100, le=100)]
-)
+from typing import Literal, NotRequired, TypeAlias, TypedDict
 
 
-class ChatCompletionRequestAssistantMessageAudio(BaseModel):
+class ChatCompletionRequestAssistantMessageAudio(TypedDict):
     """
     Refers to an earlier audio answer of the model.
     """
 
-    id: Annotated[str, Field(description="The id of that audio answer.")]
+    id: str
 
 
-class ChatCompletionRequestAssistantMessageFunctionCall(BaseModel):
+class ChatCompletionRequestAssistantMessageFunctionCall(TypedDict):
     """
     Deprecated for `tool_calls`. The function the model called.
     """
 
-    arguments: Annotated[
-        str,
-        Field(
-            description="The arguments as a JSON text written by the model (not guaranteed valid)."
-        ),
-    ]
-    name: Annotated[str, Field(description="The function's name.")]
+    arguments: str
+    name: str
 
 
-class ChatCompletionRequestFunctionMessage(BaseModel):
+class ChatCompletionRequestFunctionMessage(TypedDict):
     """
     Deprecated for tool messages. The result of a function call.
     """
 
     role: Literal["function"]
-    content: Annotated[str | None, Field(description="The function's result.")]
-    name: Annotated[str, Field(description="The name of the function that was called.")]
+    content: str | None
+    name: str
 
 
-class ChatCompletionRequestMessageContentPartText(BaseModel):
+class ChatCompletionRequestMessageContentPartText(TypedDict):
     """
     A text part.
     """
@@ -54,18 +42,12 @@ class ChatCompletionRequestMessageContentPartText(BaseModel):
     text: str
 
 
-class ImageUrl(BaseModel):
-    url: Annotated[
-        str,
-        Field(description="The image's URL, or the image itself as a base64 data URL."),
-    ]
-    detail: Annotated[
-        Literal["auto", "low", "high"],
-        Field(description="The resolution the model looks at the image in."),
-    ] = "auto"
+class ImageUrl(TypedDict):
+    url: str
+    detail: NotRequired[Literal["auto", "low", "high"]]
 
 
-class ChatCompletionRequestMessageContentPartImage(BaseModel):
+class ChatCompletionRequestMessageContentPartImage(TypedDict):
     """
     An image part.
     """
@@ -74,14 +56,12 @@ class ChatCompletionRequestMessageContentPartImage(BaseModel):
     image_url: ImageUrl
 
 
-class InputAudio(BaseModel):
-    data: Annotated[str, Field(description="Base64-encoded audio.")]
-    format: Annotated[
-        Literal["wav", "mp3"], Field(description="The encoding of `data`.")
-    ]
+class InputAudio(TypedDict):
+    data: str
+    format: Literal["wav", "mp3"]
 
 
-class ChatCompletionRequestMessageContentPartAudio(BaseModel):
+class ChatCompletionRequestMessageContentPartAudio(TypedDict):
     """
     An audio part.
     """
@@ -90,103 +70,68 @@ class ChatCompletionRequestMessageContentPartAudio(BaseModel):
     input_audio: InputAudio
 
 
-class ChatCompletionRequestMessageContentPartRefusal(BaseModel):
+class ChatCompletionRequestMessageContentPartRefusal(TypedDict):
     """
     A refusal part (assistant messages only).
     """
 
     type: Literal["refusal"]
-    refusal: Annotated[str, Field(description="The refusal the model gave.")]
+    refusal: str
 
 
-class Function(BaseModel):
-    name: Annotated[str, Field(description="The function called.")]
-    arguments: Annotated[
-        str,
-        Field(
-            description="The arguments as a JSON text written by the model (not guaranteed valid)."
-        ),
-    ]
+class Function(TypedDict):
+    name: str
+    arguments: str
 
 
-class ChatCompletionMessageToolCall(BaseModel):
+class ChatCompletionMessageToolCall(TypedDict):
     """
     One tool call made by the model.
     """
 
-    id: Annotated[str, Field(description="The tool call's id.")]
+    id: str
     type: Literal["function"]
     function: Function
 
 
-MetadataAdditionalProperty = TypeAliasType(
-    "MetadataAdditionalProperty", Annotated[str, Field(max_length=512)]
-)
+Metadata: TypeAlias = dict[str, str]
+"""
+Up to 16 string pairs to store with the completion.
+"""
 
 
-class Metadata(RootModel[dict[str, MetadataAdditionalProperty]]):
-    """
-    Up to 16 string pairs to store with the completion.
-    """
-
-    root: Annotated[dict[str, MetadataAdditionalProperty], Field(max_length=16)]
+StopConfiguration: TypeAlias = str | list[str] | None
 
 
-class StopConfiguration1(RootModel[list[str]]):
-    root: Annotated[
-        list[str],
-        Field(
-            description="Up to 4 sequences at which generation stops; null (the default) means none.",
-            max_length=4,
-            min_length=1,
-        ),
-    ]
-
-
-class Content(RootModel[list[ChatCompletionRequestMessageContentPartText]]):
-    root: Annotated[
-        list[ChatCompletionRequestMessageContentPartText], Field(min_length=1)
-    ]
-
-
-class PredictionContent(BaseModel):
+class PredictionContent(TypedDict):
     """
     Predicted output — text that the answer is expected to largely repeat.
     """
 
     type: Literal["content"]
-    content: str | Content
+    content: str | list[ChatCompletionRequestMessageContentPartText]
 
 
-class ChatCompletionAudioParam(BaseModel):
+class ChatCompletionAudioParam(TypedDict):
     """
     Audio output settings; required when `modalities` contains `audio`.
     """
 
-    voice: Annotated[
-        Literal["alloy", "ash", "ballad", "coral", "echo", "sage", "shimmer", "verse"],
-        Field(description="The voice to speak with."),
+    voice: Literal[
+        "alloy", "ash", "ballad", "coral", "echo", "sage", "shimmer", "verse"
     ]
-    format: Annotated[
-        Literal["wav", "mp3", "flac", "opus", "pcm16"],
-        Field(description="The audio encoding of the answer."),
-    ]
+    format: Literal["wav", "mp3", "flac", "opus", "pcm16"]
 
 
-class ChatCompletionStreamOptions(BaseModel):
+class ChatCompletionStreamOptions(TypedDict):
     """
     Streaming options; only with `stream` true.
     """
 
-    include_usage: Annotated[
-        bool | None,
-        Field(
-            description="Send a last chunk with `usage` and empty `choices` before `[DONE]`; earlier chunks carry `usage` null."
-        ),
-    ] = None
+    include_usage: NotRequired[bool]
 
 
-class ResponseFormatText(BaseModel):
+class ResponseFormatText(TypedDict):
     """
     Plain text output (the default).
     """
@@ -194,7 +139,7 @@ class ResponseFormatText(BaseModel):
     type: Literal["text"]
 
 
-class ResponseFormatJsonObject(BaseModel):
+class ResponseFormatJsonObject(TypedDict):
     """
     JSON mode — the output is a JSON value; the prompt must also ask for JSON.
     """
@@ -202,50 +147,33 @@ class ResponseFormatJsonObject(BaseModel):
     type: Literal["json_object"]
 
 
-class ResponseFormatJsonSchemaSchema(BaseModel):
+class ResponseFormatJsonSchemaSchema(TypedDict):
     """
     A JSON Schema object.
     """
 
-    model_config = ConfigDict(
-        extra="allow",
-    )
 
-
-class FunctionParameters(BaseModel):
+class FunctionParameters(TypedDict):
     """
     The function's parameters as a JSON Schema object; omitted means no parameters.
     """
 
-    model_config = ConfigDict(
-        extra="allow",
-    )
 
-
-class ChatCompletionFunctions(BaseModel):
+class ChatCompletionFunctions(TypedDict):
     """
     Deprecated for `tools`. A function the model may call.
     """
 
-    description: Annotated[str | None, Field(description="What the function does.")] = (
-        None
-    )
-    name: Annotated[
-        str,
-        Field(
-            description="The function's name.",
-            max_length=64,
-            pattern="^[a-zA-Z0-9_-]+$",
-        ),
-    ]
-    parameters: FunctionParameters | None = None
+    description: NotRequired[str]
+    name: str
+    parameters: NotRequired[FunctionParameters]
 
 
-class Function1(BaseModel):
-    name: Annotated[str, Field(description="The function to call.")]
+class Function1(TypedDict):
+    name: str
 
 
-class ChatCompletionNamedToolChoice(BaseModel):
+class ChatCompletionNamedToolChoice(TypedDict):
     """
     Forces a call to the named function.
     """
@@ -254,15 +182,15 @@ class ChatCompletionNamedToolChoice(BaseModel):
     function: Function1
 
 
-class ChatCompletionFunctionCallOption(BaseModel):
+class ChatCompletionFunctionCallOption(TypedDict):
     """
     Forces a call to the named function (legacy `function_call`).
     """
 
-    name: Annotated[str, Field(description="The function to call.")]
+    name: str
 
 
-class FunctionCall(BaseModel):
+class FunctionCall(TypedDict):
     """
     Deprecated for `tool_calls`. The function the model called.
     """
@@ -271,29 +199,25 @@ class FunctionCall(BaseModel):
     arguments: str
 
 
-class ChatCompletionMessageAudio(BaseModel):
+class ChatCompletionMessageAudio(TypedDict):
     """
     The audio answer, when audio output was requested.
     """
 
-    id: Annotated[
-        str, Field(description="Refer to this audio in later turns by this id.")
-    ]
-    expires_at: Annotated[
-        int, Field(description="Unix seconds after which the id can no longer be used.")
-    ]
-    data: Annotated[str, Field(description="Base64 audio in the requested format.")]
-    transcript: Annotated[str, Field(description="The spoken text.")]
+    id: str
+    expires_at: int
+    data: str
+    transcript: str
 
 
-class UrlCitation(BaseModel):
+class UrlCitation(TypedDict):
     start_index: int
     end_index: int
     url: str
     title: str
 
 
-class ChatCompletionAnnotation(BaseModel):
+class ChatCompletionAnnotation(TypedDict):
     """
     A URL citation.
     """
@@ -302,222 +226,164 @@ class ChatCompletionAnnotation(BaseModel):
     url_citation: UrlCitation
 
 
-class Byte(RootModel[int]):
-    root: Annotated[int, Field(ge=0, le=255)]
-
-
-class ChatCompletionTopLogprob(BaseModel):
+class ChatCompletionTopLogprob(TypedDict):
     token: str
     logprob: float
-    bytes: Annotated[list[Byte] | None, Field(...)]
+    bytes: list[int] | None
 
 
-class CompletionTokensDetails(BaseModel):
+class CompletionTokensDetails(TypedDict):
     """
     What the completion tokens were spent on.
     """
 
-    accepted_prediction_tokens: Annotated[
-        int | None,
-        Field(
-            description="Predicted-output tokens that appeared in the completion.", ge=0
-        ),
-    ] = None
-    audio_tokens: Annotated[
-        int | None, Field(description="Audio tokens the model generated.", ge=0)
-    ] = None
-    reasoning_tokens: Annotated[
-        int | None, Field(description="Tokens spent on reasoning.", ge=0)
-    ] = None
-    rejected_prediction_tokens: Annotated[
-        int | None,
-        Field(
-            description="Predicted-output tokens that did not appear (still billed).",
-            ge=0,
-        ),
-    ] = None
+    accepted_prediction_tokens: NotRequired[int]
+    audio_tokens: NotRequired[int]
+    reasoning_tokens: NotRequired[int]
+    rejected_prediction_tokens: NotRequired[int]
 
 
-class PromptTokensDetails(BaseModel):
+class PromptTokensDetails(TypedDict):
     """
     What the prompt tokens were made of.
     """
 
-    audio_tokens: Annotated[
-        int | None, Field(description="Audio tokens in the prompt.", ge=0)
-    ] = None
-    cached_tokens: Annotated[
-        int | None, Field(description="Prompt tokens served from the cache.", ge=0)
-    ] = None
+    audio_tokens: NotRequired[int]
+    cached_tokens: NotRequired[int]
 
 
-class FunctionCall1(BaseModel):
+class FunctionCall1(TypedDict):
     """
     Deprecated for `tool_calls`. A fragment of a function call.
     """
 
-    name: str | None = None
-    arguments: str | None = None
+    name: NotRequired[str]
+    arguments: NotRequired[str]
 
 
-class Function2(BaseModel):
-    name: str | None = None
-    arguments: str | None = None
+class Function2(TypedDict):
+    name: NotRequired[str]
+    arguments: NotRequired[str]
 
 
-class ChatCompletionMessageToolCallChunk(BaseModel):
+class ChatCompletionMessageToolCallChunk(TypedDict):
     """
     A fragment of a tool call; `index` tells which call it extends.
     """
 
-    index: Annotated[int, Field(ge=0)]
-    id: str | None = None
-    type: Literal["function"] | None = None
-    function: Function2 | None = None
+    index: int
+    id: NotRequired[str]
+    type: NotRequired[Literal["function"]]
+    function: NotRequired[Function2]
 
 
-class ChatCompletionStreamUsage(BaseModel):
+class ChatCompletionStreamUsage(TypedDict):
     """
     Token counts; filled only in the last chunk when include_usage is set.
     """
 
-    prompt_tokens: Annotated[int, Field(ge=0)]
-    completion_tokens: Annotated[int, Field(ge=0)]
-    total_tokens: Annotated[int, Field(ge=0)]
-    completion_tokens_details: CompletionTokensDetails | None = None
-    prompt_tokens_details: PromptTokensDetails | None = None
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    completion_tokens_details: NotRequired[CompletionTokensDetails]
+    prompt_tokens_details: NotRequired[PromptTokensDetails]
 
 
-class Error(BaseModel):
-    message: Annotated[str, Field(description="What went wrong, for humans.")]
-    type: Annotated[
-        str,
-        Field(
-            description="The error's class, e.g. `invalid_request_error`, `server_error`."
-        ),
-    ]
-    param: Annotated[
-        str | None, Field(description="The request parameter at fault, if any.")
-    ]
-    code: Annotated[str | None, Field(description="A machine-readable code, if any.")]
+class Error(TypedDict):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
 
 
-class Model(BaseModel):
+class Model(TypedDict):
     """
     A model the gateway serves.
     """
 
-    id: Annotated[str, Field(description="The id to pass as `model`.")]
+    id: str
     object: Literal["model"]
-    created: Annotated[int, Field(description="Creation time, Unix seconds.")]
-    owned_by: Annotated[str, Field(description="The organisation that owns the model.")]
+    created: int
+    owned_by: str
 
 
-class ListModelsResponse(BaseModel):
+class ListModelsResponse(TypedDict):
     object: Literal["list"]
     data: list[Model]
 
 
-class CreateChatCompletionStreamResponseEvent(BaseModel):
+class CreateChatCompletionStreamResponseEvent(TypedDict):
     """
     One server-sent event (`data: <payload>`). Its `data` is a `CreateChatCompletionStreamResponse` as JSON; the last event of a stream is `data: [DONE]`; an error after the stream has begun arrives as one event whose data is a `ErrorResponse`.
     """
 
-    data: Annotated[Literal["[DONE]"] | str, Field(description="The event's payload.")]
+    data: Literal["[DONE]"] | str
 
 
-class ChatCompletionRequestDeveloperMessage(BaseModel):
+class ChatCompletionRequestDeveloperMessage(TypedDict):
     """
     Instructions from the developer; replaces `system` for o1 and newer models.
     """
 
-    content: str | Content
+    content: str | list[ChatCompletionRequestMessageContentPartText]
     role: Literal["developer"]
-    name: Annotated[
-        str | None, Field(description="Tells apart participants that share a role.")
-    ] = None
+    name: NotRequired[str]
 
 
-class ChatCompletionRequestSystemMessage(BaseModel):
+class ChatCompletionRequestSystemMessage(TypedDict):
     """
     Instructions from the developer, for models before o1.
     """
 
-    content: str | Content
+    content: str | list[ChatCompletionRequestMessageContentPartText]
     role: Literal["system"]
-    name: Annotated[
-        str | None, Field(description="Tells apart participants that share a role.")
-    ] = None
+    name: NotRequired[str]
 
 
-class Content4(RootModel[list[ChatCompletionRequestMessageContentPartRefusal]]):
-    root: Annotated[
-        list[ChatCompletionRequestMessageContentPartRefusal],
-        Field(max_length=1, min_length=1),
-    ]
+ChatCompletionRequestUserMessageContentPart: TypeAlias = (
+    ChatCompletionRequestMessageContentPartText
+    | ChatCompletionRequestMessageContentPartImage
+    | ChatCompletionRequestMessageContentPartAudio
+)
 
 
-class ChatCompletionRequestAssistantMessage(BaseModel):
+class ChatCompletionRequestAssistantMessage(TypedDict):
     """
     An earlier answer of the model, sent back as context.
     """
 
-    content: str | Content | Content4 | None = None
-    refusal: Annotated[str | None, Field(description="The refusal the model gave.")] = (
-        None
-    )
-    role: Literal["assistant"]
-    name: Annotated[
-        str | None, Field(description="Tells apart participants that share a role.")
-    ] = None
-    audio: ChatCompletionRequestAssistantMessageAudio | None = None
-    tool_calls: Annotated[
-        list[ChatCompletionMessageToolCall] | None,
-        Field(description="The tool calls the model made in that turn."),
-    ] = None
-    function_call: ChatCompletionRequestAssistantMessageFunctionCall | None = None
-
-
-class Content5(RootModel[list[ChatCompletionRequestMessageContentPartText]]):
-    root: Annotated[
-        list[ChatCompletionRequestMessageContentPartText], Field(min_length=1)
+    content: NotRequired[
+        str
+        | list[ChatCompletionRequestMessageContentPartText]
+        | list[ChatCompletionRequestMessageContentPartRefusal]
+        | None
     ]
+    refusal: NotRequired[str | None]
+    role: Literal["assistant"]
+    name: NotRequired[str]
+    audio: NotRequired[ChatCompletionRequestAssistantMessageAudio | None]
+    tool_calls: NotRequired[list[ChatCompletionMessageToolCall]]
+    function_call: NotRequired[ChatCompletionRequestAssistantMessageFunctionCall | None]
 
 
-class ChatCompletionRequestToolMessage(BaseModel):
+class ChatCompletionRequestToolMessage(TypedDict):
     """
     The result of a tool call.
     """
 
     role: Literal["tool"]
-    content: str | Content5
-    tool_call_id: Annotated[
-        str, Field(description="The id of the tool call this message answers.")
-    ]
+    content: str | list[ChatCompletionRequestMessageContentPartText]
+    tool_call_id: str
 
 
-class JsonSchema(BaseModel):
-    description: Annotated[
-        str | None, Field(description="What the format is for; the model reads it.")
-    ] = None
-    name: Annotated[
-        str,
-        Field(
-            description="The format's name.", max_length=64, pattern="^[a-zA-Z0-9_-]+$"
-        ),
-    ]
-    schema_: Annotated[ResponseFormatJsonSchemaSchema | None, Field(alias="schema")] = (
-        None
-    )
-    strict: Annotated[
-        bool | None,
-        Field(
-            description="Enforce the schema exactly (a subset of JSON Schema is supported)."
-        ),
-    ] = False
+class JsonSchema(TypedDict):
+    description: NotRequired[str]
+    name: str
+    schema: NotRequired[ResponseFormatJsonSchemaSchema]
+    strict: NotRequired[bool | None]
 
 
-class ResponseFormatJsonSchema(BaseModel):
+class ResponseFormatJsonSchema(TypedDict):
     """
     Structured output — the output follows the given JSON Schema.
     """
@@ -526,120 +392,69 @@ class ResponseFormatJsonSchema(BaseModel):
     json_schema: JsonSchema
 
 
-class FunctionObject(BaseModel):
+class FunctionObject(TypedDict):
     """
     A function the model may call.
     """
 
-    description: Annotated[
-        str | None,
-        Field(
-            description="What the function does; the model reads it to decide when to call it."
-        ),
-    ] = None
-    name: Annotated[
-        str,
-        Field(
-            description="The function's name.",
-            max_length=64,
-            pattern="^[a-zA-Z0-9_-]+$",
-        ),
-    ]
-    parameters: FunctionParameters | None = None
-    strict: Annotated[
-        bool | None,
-        Field(description="Enforce `parameters` exactly when generating the call."),
-    ] = False
+    description: NotRequired[str]
+    name: str
+    parameters: NotRequired[FunctionParameters]
+    strict: NotRequired[bool | None]
 
 
-class ChatCompletionResponseMessage(BaseModel):
+ChatCompletionToolChoiceOption: TypeAlias = (
+    Literal["none", "auto", "required"] | ChatCompletionNamedToolChoice
+)
+
+
+class ChatCompletionResponseMessage(TypedDict):
     """
     The message the model generated.
     """
 
     role: Literal["assistant"]
-    content: Annotated[
-        str | None,
-        Field(
-            description="The text of the message; null when the model only called tools."
-        ),
-    ]
-    refusal: Annotated[
-        str | None, Field(description="The refusal, when the model refused.")
-    ]
-    tool_calls: Annotated[
-        list[ChatCompletionMessageToolCall] | None,
-        Field(description="The tool calls the model made."),
-    ] = None
-    function_call: Annotated[
-        FunctionCall | None,
-        Field(
-            deprecated=True,
-            description="Deprecated for `tool_calls`. The function the model called.",
-        ),
-    ] = None
-    audio: ChatCompletionMessageAudio | None = None
-    annotations: Annotated[
-        list[ChatCompletionAnnotation] | None,
-        Field(description="Citations attached to the message (web search)."),
-    ] = None
-    id: Annotated[str | None, Field(description="The message's id.")] = None
+    content: str | None
+    refusal: str | None
+    tool_calls: NotRequired[list[ChatCompletionMessageToolCall]]
+    function_call: NotRequired[FunctionCall]
+    audio: NotRequired[ChatCompletionMessageAudio | None]
+    annotations: NotRequired[list[ChatCompletionAnnotation]]
+    id: NotRequired[str]
 
 
-class ChatCompletionTokenLogprob(BaseModel):
+class ChatCompletionTokenLogprob(TypedDict):
     token: str
-    logprob: Annotated[
-        float,
-        Field(
-            description="The token's log probability; -9999.0 when outside the top 20."
-        ),
-    ]
-    bytes: Annotated[
-        list[Byte] | None,
-        Field(description="The token's UTF-8 bytes; null when it has no byte form."),
-    ]
-    top_logprobs: Annotated[
-        list[ChatCompletionTopLogprob],
-        Field(
-            description="The most likely tokens at this position (may be fewer than asked).",
-            max_length=20,
-        ),
-    ]
+    logprob: float
+    bytes: list[int] | None
+    top_logprobs: list[ChatCompletionTopLogprob]
 
 
-class CompletionUsage(BaseModel):
+class CompletionUsage(TypedDict):
     """
     Token counts for the whole request.
     """
 
-    prompt_tokens: Annotated[int, Field(ge=0)]
-    completion_tokens: Annotated[int, Field(ge=0)]
-    total_tokens: Annotated[
-        int, Field(description="prompt_tokens + completion_tokens.", ge=0)
-    ]
-    completion_tokens_details: CompletionTokensDetails | None = None
-    prompt_tokens_details: PromptTokensDetails | None = None
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    completion_tokens_details: NotRequired[CompletionTokensDetails]
+    prompt_tokens_details: NotRequired[PromptTokensDetails]
 
 
-class ChatCompletionStreamResponseDelta(BaseModel):
+class ChatCompletionStreamResponseDelta(TypedDict):
     """
     What a chunk adds to the message; every field is optional.
     """
 
-    role: Literal["developer", "system", "user", "assistant", "tool"] | None = None
-    content: str | None = None
-    refusal: str | None = None
-    tool_calls: list[ChatCompletionMessageToolCallChunk] | None = None
-    function_call: Annotated[
-        FunctionCall1 | None,
-        Field(
-            deprecated=True,
-            description="Deprecated for `tool_calls`. A fragment of a function call.",
-        ),
-    ] = None
+    role: NotRequired[Literal["developer", "system", "user", "assistant", "tool"]]
+    content: NotRequired[str | None]
+    refusal: NotRequired[str | None]
+    tool_calls: NotRequired[list[ChatCompletionMessageToolCallChunk]]
+    function_call: NotRequired[FunctionCall1]
 
 
-class ErrorResponse(BaseModel):
+class ErrorResponse(TypedDict):
     """
     The body of every error answer.
     """
@@ -647,38 +462,17 @@ class ErrorResponse(BaseModel):
     error: Error
 
 
-class Content2(
-    RootModel[
-        list[
-            ChatCompletionRequestMessageContentPartText
-            | ChatCompletionRequestMessageContentPartImage
-            | ChatCompletionRequestMessageContentPartAudio
-        ]
-    ]
-):
-    root: Annotated[
-        list[
-            ChatCompletionRequestMessageContentPartText
-            | ChatCompletionRequestMessageContentPartImage
-            | ChatCompletionRequestMessageContentPartAudio
-        ],
-        Field(min_length=1),
-    ]
-
-
-class ChatCompletionRequestUserMessage(BaseModel):
+class ChatCompletionRequestUserMessage(TypedDict):
     """
     A message from the end user.
     """
 
-    content: str | Content2
+    content: str | list[ChatCompletionRequestUserMessageContentPart]
     role: Literal["user"]
-    name: Annotated[
-        str | None, Field(description="Tells apart participants that share a role.")
-    ] = None
+    name: NotRequired[str]
 
 
-class ChatCompletionTool(BaseModel):
+class ChatCompletionTool(TypedDict):
     """
     A tool the model may call; only functions exist.
     """
@@ -687,261 +481,112 @@ class ChatCompletionTool(BaseModel):
     function: FunctionObject
 
 
-class ChatCompletionChoiceLogprobs(BaseModel):
+class ChatCompletionChoiceLogprobs(TypedDict):
     """
     Log probabilities of the choice's tokens; null unless `logprobs` was requested.
     """
 
-    content: Annotated[
-        list[ChatCompletionTokenLogprob] | None,
-        Field(description="One entry per content token."),
-    ]
-    refusal: Annotated[
-        list[ChatCompletionTokenLogprob] | None,
-        Field(description="One entry per refusal token."),
-    ]
+    content: list[ChatCompletionTokenLogprob] | None
+    refusal: list[ChatCompletionTokenLogprob] | None
 
 
-class ChatCompletionStreamChoice(BaseModel):
-    index: Annotated[int, Field(ge=0)]
+class ChatCompletionStreamChoice(TypedDict):
+    index: int
     delta: ChatCompletionStreamResponseDelta
-    logprobs: ChatCompletionChoiceLogprobs | None = None
-    finish_reason: Annotated[
+    logprobs: NotRequired[ChatCompletionChoiceLogprobs | None]
+    finish_reason: (
         Literal["stop", "length", "tool_calls", "content_filter", "function_call"]
-        | None,
-        Field(description="Null until the choice's last chunk."),
-    ]
+        | None
+    )
 
 
-class ChatCompletionChoice(BaseModel):
-    index: Annotated[
-        int, Field(description="The choice's position in `choices`.", ge=0)
-    ]
+ChatCompletionRequestMessage: TypeAlias = (
+    ChatCompletionRequestDeveloperMessage
+    | ChatCompletionRequestSystemMessage
+    | ChatCompletionRequestUserMessage
+    | ChatCompletionRequestAssistantMessage
+    | ChatCompletionRequestToolMessage
+    | ChatCompletionRequestFunctionMessage
+)
+
+
+class ChatCompletionChoice(TypedDict):
+    index: int
     message: ChatCompletionResponseMessage
     logprobs: ChatCompletionChoiceLogprobs | None
-    finish_reason: Annotated[
-        Literal["stop", "length", "tool_calls", "content_filter", "function_call"],
-        Field(
-            description="Why generation ended: `stop` (natural end or stop sequence), `length` (token limit),\n`tool_calls`, `content_filter`, or the deprecated `function_call`.\n"
-        ),
+    finish_reason: Literal[
+        "stop", "length", "tool_calls", "content_filter", "function_call"
     ]
 
 
-class CreateChatCompletionStreamResponse(BaseModel):
+class CreateChatCompletionStreamResponse(TypedDict):
     """
     One streamed chunk (`object` is `chat.completion.chunk`), sent as one SSE `data:` event.
     All chunks of a stream share `id` and `created`; the stream ends with `data: [DONE]`.
 
     """
 
-    id: Annotated[
-        str, Field(description="The completion's id, the same in every chunk.")
-    ]
+    id: str
     object: Literal["chat.completion.chunk"]
-    created: Annotated[
-        int, Field(description="Creation time, Unix seconds; the same in every chunk.")
-    ]
+    created: int
     model: str
-    choices: Annotated[
-        list[ChatCompletionStreamChoice],
-        Field(
-            description="Deltas, one per choice that advanced; empty in the usage-only last chunk.",
-            min_length=0,
-        ),
-    ]
-    service_tier: str | None = None
-    system_fingerprint: str | None = None
-    usage: ChatCompletionStreamUsage | None = None
+    choices: list[ChatCompletionStreamChoice]
+    service_tier: NotRequired[str | None]
+    system_fingerprint: NotRequired[str | None]
+    usage: NotRequired[ChatCompletionStreamUsage | None]
 
 
-class CreateChatCompletionRequest(BaseModel):
+class CreateChatCompletionRequest(TypedDict):
     """
     The body of `POST /chat/completions`.
     """
 
-    messages: Annotated[
-        list[
-            ChatCompletionRequestDeveloperMessage
-            | ChatCompletionRequestSystemMessage
-            | ChatCompletionRequestUserMessage
-            | ChatCompletionRequestAssistantMessage
-            | ChatCompletionRequestToolMessage
-            | ChatCompletionRequestFunctionMessage
-        ],
-        Field(description="The conversation so far, oldest first.", min_length=1),
+    messages: list[ChatCompletionRequestMessage]
+    model: str
+    store: NotRequired[bool | None]
+    reasoning_effort: NotRequired[Literal["low", "medium", "high"] | None]
+    metadata: NotRequired[Metadata | None]
+    frequency_penalty: NotRequired[float | None]
+    logit_bias: NotRequired[dict[str, int] | None]
+    logprobs: NotRequired[bool | None]
+    top_logprobs: NotRequired[int | None]
+    max_tokens: NotRequired[int | None]
+    max_completion_tokens: NotRequired[int | None]
+    n: NotRequired[int | None]
+    modalities: NotRequired[list[Literal["text", "audio"]] | None]
+    prediction: NotRequired[PredictionContent | None]
+    audio: NotRequired[ChatCompletionAudioParam | None]
+    presence_penalty: NotRequired[float | None]
+    response_format: NotRequired[
+        ResponseFormatText | ResponseFormatJsonObject | ResponseFormatJsonSchema
     ]
-    model: Annotated[str, Field(description="The id of the model to use.")]
-    store: Annotated[
-        bool | None,
-        Field(
-            description="Whether the completion may be stored for distillation or evals."
-        ),
-    ] = False
-    reasoning_effort: Annotated[
-        Literal["low", "medium", "high"] | None,
-        Field(
-            description="How much reasoning a reasoning model may spend. Reasoning models only."
-        ),
-    ] = "medium"
-    metadata: Metadata | None = None
-    frequency_penalty: Annotated[
-        float | None,
-        Field(
-            description="Penalises tokens in proportion to how often they already appeared.",
-            ge=-2.0,
-            le=2.0,
-        ),
-    ] = 0
-    logit_bias: Annotated[
-        dict[str, LogitBiasAdditionalProperty] | None,
-        Field(
-            description="Maps token ids to a bias from -100 (ban) to 100 (force) added to their logits."
-        ),
-    ] = None
-    logprobs: Annotated[
-        bool | None,
-        Field(
-            description="Whether to return the log probability of each output token."
-        ),
-    ] = False
-    top_logprobs: Annotated[
-        int | None,
-        Field(
-            description="How many most-likely alternatives to return per token position; needs `logprobs` true.",
-            ge=0,
-            le=20,
-        ),
-    ] = None
-    max_tokens: Annotated[
-        int | None,
-        Field(
-            deprecated=True,
-            description="Deprecated for `max_completion_tokens`. Most tokens the completion may hold.",
-            ge=1,
-            le=1048576,
-        ),
-    ] = None
-    max_completion_tokens: Annotated[
-        int | None,
-        Field(
-            description="Most tokens the completion may hold, reasoning tokens included.",
-            ge=1,
-            le=1048576,
-        ),
-    ] = None
-    n: Annotated[
-        int | None,
-        Field(description="How many alternative choices to generate.", ge=1, le=128),
-    ] = 1
-    modalities: Annotated[
-        list[Literal["text", "audio"]] | None,
-        Field(
-            description='Output kinds wanted; `["text"]` by default, `["text", "audio"]` for audio models.'
-        ),
-    ] = None
-    prediction: PredictionContent | None = None
-    audio: ChatCompletionAudioParam | None = None
-    presence_penalty: Annotated[
-        float | None,
-        Field(
-            description="Penalises tokens that already appeared at all, favouring new topics.",
-            ge=-2.0,
-            le=2.0,
-        ),
-    ] = 0
-    response_format: Annotated[
-        ResponseFormatText | ResponseFormatJsonObject | ResponseFormatJsonSchema | None,
-        Field(description="The output format the model must follow."),
-    ] = None
-    seed: Annotated[
-        int | None,
-        Field(
-            description="Asks for best-effort deterministic sampling (beta).",
-            ge=-9223372036854775808,
-            le=9223372036854775807,
-        ),
-    ] = None
-    service_tier: Annotated[
-        Literal["auto", "default"] | None,
-        Field(description="The latency tier to process the request with."),
-    ] = "auto"
-    stop: Annotated[
-        str | StopConfiguration1 | None,
-        Field(
-            description="Up to 4 sequences at which generation stops; null (the default) means none."
-        ),
-    ] = None
-    stream: Annotated[
-        bool | None,
-        Field(
-            description="Stream the answer as server-sent events, ended by `data: [DONE]`."
-        ),
-    ] = False
-    stream_options: ChatCompletionStreamOptions | None = None
-    temperature: Annotated[
-        float | None,
-        Field(
-            description="Sampling temperature; higher is more random.", ge=0.0, le=2.0
-        ),
-    ] = 1
-    top_p: Annotated[
-        float | None,
-        Field(description="Nucleus sampling probability mass.", ge=0.0, le=1.0),
-    ] = 1
-    tools: Annotated[
-        list[ChatCompletionTool] | None,
-        Field(description="Functions the model may call. At most 128.", max_length=128),
-    ] = None
-    tool_choice: Annotated[
-        Literal["none", "auto", "required"] | ChatCompletionNamedToolChoice | None,
-        Field(
-            description="Which tool the model calls: `none`, `auto`, `required`, or a named function. `none` is the\ndefault without tools, `auto` with tools.\n"
-        ),
-    ] = None
-    parallel_tool_calls: Annotated[
-        bool, Field(description="Whether the model may call several tools in one turn.")
-    ] = True
-    user: Annotated[
-        str | None,
-        Field(description="A stable id for the end user, for abuse monitoring."),
-    ] = None
-    function_call: Annotated[
-        Literal["none", "auto"] | ChatCompletionFunctionCallOption | None,
-        Field(
-            deprecated=True,
-            description='Deprecated for `tool_choice`. `none`, `auto`, or `{"name": ...}` to force one function.',
-        ),
-    ] = None
-    functions: Annotated[
-        list[ChatCompletionFunctions] | None,
-        Field(
-            deprecated=True,
-            description="Deprecated for `tools`. Functions the model may call.",
-            max_length=128,
-            min_length=1,
-        ),
-    ] = None
+    seed: NotRequired[int | None]
+    service_tier: NotRequired[Literal["auto", "default"] | None]
+    stop: NotRequired[StopConfiguration]
+    stream: NotRequired[bool | None]
+    stream_options: NotRequired[ChatCompletionStreamOptions | None]
+    temperature: NotRequired[float | None]
+    top_p: NotRequired[float | None]
+    tools: NotRequired[list[ChatCompletionTool]]
+    tool_choice: NotRequired[ChatCompletionToolChoiceOption]
+    parallel_tool_calls: NotRequired[bool]
+    user: NotRequired[str]
+    function_call: NotRequired[
+        Literal["none", "auto"] | ChatCompletionFunctionCallOption
+    ]
+    functions: NotRequired[list[ChatCompletionFunctions]]
 
 
-class CreateChatCompletionResponse(BaseModel):
+class CreateChatCompletionResponse(TypedDict):
     """
     A chat completion (`object` is `chat.completion`).
     """
 
-    id: Annotated[str, Field(description="The completion's id.")]
+    id: str
     object: Literal["chat.completion"]
-    created: Annotated[int, Field(description="Creation time, Unix seconds.")]
-    model: Annotated[str, Field(description="The model that produced the completion.")]
-    choices: Annotated[
-        list[ChatCompletionChoice], Field(description="One choice per requested `n`.")
-    ]
-    service_tier: Annotated[
-        str | None, Field(description="The tier that processed the request.")
-    ] = None
-    system_fingerprint: Annotated[
-        str | None,
-        Field(
-            description="Identifies the backend configuration; pairs with `seed` for reproducibility."
-        ),
-    ] = None
-    usage: CompletionUsage | None = None
+    created: int
+    model: str
+    choices: list[ChatCompletionChoice]
+    service_tier: NotRequired[str | None]
+    system_fingerprint: NotRequired[str | None]
+    usage: NotRequired[CompletionUsage]

@@ -3,90 +3,57 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal, NotRequired, TypeAlias
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel
-
-
-class Stop(RootModel[list[str]]):
-    root: Annotated[
-        list[str],
-        Field(
-            description="Up to 4 sequences at which generation stops. With `stream: false` the matched stop string is NOT included in the output by default; with `stream: true` it IS included by default (see `include_stop_str_in_output`).",
-            max_length=4,
-            min_length=0,
-        ),
-    ]
+from typing_extensions import TypedDict
 
 
-class ChatCompletionStreamOptions(BaseModel):
+class ChatCompletionStreamOptions(TypedDict, closed=True):
     """
     Streaming options; only valid with `stream: true` (OVMS answers 400 otherwise). OVMS rejects any property other than `include_usage`.
     """
 
-    model_config = ConfigDict(
-        extra="forbid",
-    )
-    include_usage: Annotated[
-        bool,
-        Field(
-            description="When true, an extra chunk is streamed before `data: [DONE]` whose `usage` holds the token counts of the whole request and whose `choices` is an empty array; every other chunk then carries `usage: null`."
-        ),
-    ] = False
+    include_usage: NotRequired[bool]
 
 
-class ChatCompletionRequestMessageContentPartText(BaseModel):
+class ChatCompletionRequestMessageContentPartText(TypedDict):
     type: Literal["text"]
     text: str
 
 
-class ImageUrl(BaseModel):
-    url: Annotated[
-        str,
-        Field(
-            description="The image, in one of three forms: (1) a base64 data URL such as `data:image/jpeg;base64,...`; (2) an `http://` or `https://` URL that OVMS downloads itself (at most 20 MB per image; newer releases only from domains listed in `--allowed_media_domains`); (3) a path on the server's local filesystem, accepted only when OVMS was started with `--allowed_local_media_path` and the path lies inside that directory (paths escaping it with `..` are refused). Anything else is answered with 400."
-        ),
-    ]
-    detail: Annotated[
-        Literal["auto", "low", "high"] | None,
-        Field(description="OpenAI's detail hint; OVMS ignores it."),
-    ] = None
+class ImageUrl(TypedDict):
+    url: str
+    detail: NotRequired[Literal["auto", "low", "high"]]
 
 
-class Function(BaseModel):
+class Function(TypedDict):
     name: str
-    arguments: Annotated[
-        str | None,
-        Field(description="JSON-encoded arguments; OVMS fills in `{}` when missing."),
-    ] = None
+    arguments: NotRequired[str]
 
 
-class ChatCompletionMessageToolCall(BaseModel):
-    id: str | None = None
-    type: Literal["function"] | None = None
+class ChatCompletionMessageToolCall(TypedDict):
+    id: NotRequired[str]
+    type: NotRequired[Literal["function"]]
     function: Function
 
 
-class FunctionObject(BaseModel):
-    name: Annotated[str, Field(description="The function name.")]
-    description: str | None = None
-    parameters: Annotated[
-        dict[str, Any] | None,
-        Field(description="JSON Schema of the function's arguments."),
-    ] = None
-    strict: bool | None = None
+class FunctionObject(TypedDict):
+    name: str
+    description: NotRequired[str]
+    parameters: NotRequired[dict[str, Any]]
+    strict: NotRequired[bool | None]
 
 
-class Function1(BaseModel):
+class Function1(TypedDict):
     name: str
 
 
-class ChatCompletionNamedToolChoice(BaseModel):
+class ChatCompletionNamedToolChoice(TypedDict):
     type: Literal["function"]
     function: Function1
 
 
-class FunctionCall(BaseModel):
+class FunctionCall(TypedDict):
     """
     Deprecated; not sent by OVMS.
     """
@@ -95,525 +62,220 @@ class FunctionCall(BaseModel):
     arguments: str
 
 
-class Function2(BaseModel):
+class Function2(TypedDict):
     name: str
     arguments: str
 
 
-class ChatCompletionResponseToolCall(BaseModel):
+class ChatCompletionResponseToolCall(TypedDict):
     id: str
     type: Literal["function"]
     function: Function2
 
 
-class Byte(RootModel[int]):
-    root: Annotated[int, Field(ge=0, le=255)]
-
-
-class ChatCompletionTopLogprob(BaseModel):
+class ChatCompletionTopLogprob(TypedDict):
     token: str
     logprob: float
-    bytes: list[Byte] | None = None
+    bytes: NotRequired[list[int] | None]
 
 
-class CompletionUsage(BaseModel):
-    prompt_tokens: Annotated[int, Field(ge=0)]
-    completion_tokens: Annotated[int, Field(ge=0)]
-    total_tokens: Annotated[int, Field(ge=0)]
+class CompletionUsage(TypedDict):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
 
 
-class ChunkUsage(BaseModel):
+class ChunkUsage(TypedDict):
     """
     Null in every chunk but the final usage chunk; present only when `stream_options.include_usage` is true.
     """
 
-    prompt_tokens: Annotated[int, Field(ge=0)]
-    completion_tokens: Annotated[int, Field(ge=0)]
-    total_tokens: Annotated[int, Field(ge=0)]
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
 
 
-class Function3(BaseModel):
-    name: str | None = None
-    arguments: str | None = None
+class Function3(TypedDict):
+    name: NotRequired[str]
+    arguments: NotRequired[str]
 
 
-class ChatCompletionMessageToolCallChunk(BaseModel):
-    index: Annotated[int, Field(ge=0)]
-    id: str | None = None
-    type: Literal["function"] | None = None
-    function: Function3 | None = None
+class ChatCompletionMessageToolCallChunk(TypedDict):
+    index: int
+    id: NotRequired[str]
+    type: NotRequired[Literal["function"]]
+    function: NotRequired[Function3]
 
 
-class ErrorResponse(BaseModel):
+class ErrorResponse(TypedDict):
     """
     OVMS's error body, `{"error": "<message>"}`.
     """
 
-    error: Annotated[str, Field(description="Human-readable error message.")]
+    error: str
 
 
-class CreateChatCompletionStreamResponseEvent(BaseModel):
+class CreateChatCompletionStreamResponseEvent(TypedDict):
     """
     One server-sent event (`data: <payload>`). Its `data` is a `CreateChatCompletionStreamResponse` as JSON; the last event of a stream is `data: [DONE]`; an error after the stream has begun arrives as one event whose data is a `ErrorResponse`.
     """
 
-    data: Annotated[Literal["[DONE]"] | str, Field(description="The event's payload.")]
+    data: Literal["[DONE]"] | str
 
 
-class ChatCompletionRequestMessageContentPartImage(BaseModel):
+class ChatCompletionRequestMessageContentPartImage(TypedDict):
     type: Literal["image_url"]
     image_url: ImageUrl
 
 
-class ChatCompletionTool(BaseModel):
+class ChatCompletionTool(TypedDict):
     type: Literal["function"]
     function: FunctionObject
 
 
-class ChatCompletionResponseMessage(BaseModel):
-    role: Annotated[
-        Literal["assistant"],
-        Field(description="Always `assistant` (hard-coded by OVMS)."),
-    ]
-    content: Annotated[str | None, Field(description="The generated text.")]
-    reasoning_content: Annotated[
-        str | None,
-        Field(
-            description="Reasoning text, sent only by graphs with a reasoning parser."
-        ),
-    ] = None
-    tool_calls: Annotated[
-        list[ChatCompletionResponseToolCall] | None,
-        Field(
-            description="Tool calls parsed from the output (graphs with a tool parser). Listed as unsupported by the seed, so not required."
-        ),
-    ] = None
-    function_call: Annotated[
-        FunctionCall | None, Field(description="Deprecated; not sent by OVMS.")
-    ] = None
+ChatCompletionToolChoiceOption: TypeAlias = (
+    Literal["none", "auto"] | ChatCompletionNamedToolChoice
+)
 
 
-class ChatCompletionTokenLogprob(BaseModel):
+class ChatCompletionResponseMessage(TypedDict):
+    role: Literal["assistant"]
+    content: str | None
+    reasoning_content: NotRequired[str]
+    tool_calls: NotRequired[list[ChatCompletionResponseToolCall]]
+    function_call: NotRequired[FunctionCall]
+
+
+class ChatCompletionTokenLogprob(TypedDict):
     token: str
-    logprob: Annotated[
-        float | None,
-        Field(
-            description="The token's log probability; null when the runtime has none for it.",
-            le=0.0,
-        ),
-    ]
-    bytes: Annotated[list[Byte] | None, Field(...)]
-    top_logprobs: Annotated[
-        list[ChatCompletionTopLogprob], Field(description="Always empty in OVMS.")
-    ]
+    logprob: float | None
+    bytes: list[int] | None
+    top_logprobs: list[ChatCompletionTopLogprob]
 
 
-class ChatCompletionStreamResponseDelta(BaseModel):
+class ChatCompletionStreamResponseDelta(TypedDict):
     """
     The increment of the message (`delta` replaces `message` when streaming).
     """
 
-    role: Literal["assistant"] | None = None
-    content: str | None = None
-    reasoning_content: Annotated[
-        str | None,
-        Field(description="Reasoning increment, from graphs with a reasoning parser."),
-    ] = None
-    tool_calls: list[ChatCompletionMessageToolCallChunk] | None = None
+    role: NotRequired[Literal["assistant"]]
+    content: NotRequired[str | None]
+    reasoning_content: NotRequired[str | None]
+    tool_calls: NotRequired[list[ChatCompletionMessageToolCallChunk]]
 
 
-class ChatCompletionChoiceLogprobs(BaseModel):
+ChatCompletionRequestMessageContentPart: TypeAlias = (
+    ChatCompletionRequestMessageContentPartText
+    | ChatCompletionRequestMessageContentPartImage
+)
+
+
+class ChatCompletionChoiceLogprobs(TypedDict):
     """
     Log probability information, present (non-null) only when `logprobs` was true. Only the selected token's logprob is given; `top_logprobs` is always empty.
     """
 
-    content: list[ChatCompletionTokenLogprob] | None = None
+    content: NotRequired[list[ChatCompletionTokenLogprob] | None]
 
 
-class ChatCompletionStreamChoice(BaseModel):
-    index: Annotated[int, Field(ge=0)]
+class ChatCompletionStreamChoice(TypedDict):
+    index: int
     delta: ChatCompletionStreamResponseDelta
-    finish_reason: Annotated[
-        Literal["stop", "length"] | None,
-        Field(
-            description="Null while generation continues; `stop` or `length` in the last content chunk."
-        ),
-    ]
-    logprobs: Annotated[
-        dict[str, Any] | None, Field(description="Always null in OVMS streams.")
-    ] = None
+    finish_reason: Literal["stop", "length"] | None
+    logprobs: NotRequired[dict[str, Any] | None]
 
 
-class Content(
-    RootModel[
-        list[
-            ChatCompletionRequestMessageContentPartText
-            | ChatCompletionRequestMessageContentPartImage
-        ]
-    ]
-):
-    root: Annotated[
-        list[
-            ChatCompletionRequestMessageContentPartText
-            | ChatCompletionRequestMessageContentPartImage
-        ],
-        Field(
-            description="Text, or an array of content parts (text and images, for VLM graphs). When missing, OVMS substitutes an empty string. With several text parts only the last one is kept.",
-            min_length=1,
-        ),
-    ]
-
-
-class ChatCompletionRequestMessage(BaseModel):
+class ChatCompletionRequestMessage(TypedDict):
     """
     One message of the conversation. The message is handed to the model's chat template, which decides how roles and fields are rendered.
     """
 
-    role: Annotated[
-        Literal["system", "user", "assistant", "tool"],
-        Field(description="The author of the message."),
-    ]
-    content: Annotated[
-        str | Content | None,
-        Field(
-            description="Text, or an array of content parts (text and images, for VLM graphs). When missing, OVMS substitutes an empty string. With several text parts only the last one is kept."
-        ),
-    ] = None
-    name: Annotated[
-        str | None,
-        Field(description="Optional participant name, passed to the chat template."),
-    ] = None
-    tool_calls: Annotated[
-        list[ChatCompletionMessageToolCall] | None,
-        Field(
-            description="Tool calls previously made by the assistant (assistant messages)."
-        ),
-    ] = None
-    tool_call_id: Annotated[
-        str | None,
-        Field(description="The tool call this message answers (tool messages)."),
-    ] = None
+    role: Literal["system", "user", "assistant", "tool"]
+    content: NotRequired[str | list[ChatCompletionRequestMessageContentPart] | None]
+    name: NotRequired[str]
+    tool_calls: NotRequired[list[ChatCompletionMessageToolCall]]
+    tool_call_id: NotRequired[str]
 
 
-class ChatCompletionChoice(BaseModel):
-    index: Annotated[int, Field(ge=0)]
+class ChatCompletionChoice(TypedDict):
+    index: int
     message: ChatCompletionResponseMessage
-    finish_reason: Annotated[
-        Literal["stop", "length"],
-        Field(
-            description="`stop` at a natural stop point or a stop sequence, `length` when the token limit was reached."
-        ),
-    ]
-    logprobs: ChatCompletionChoiceLogprobs | None = None
+    finish_reason: Literal["stop", "length"]
+    logprobs: NotRequired[ChatCompletionChoiceLogprobs | None]
 
 
-class CreateChatCompletionStreamResponse(BaseModel):
+class CreateChatCompletionStreamResponse(TypedDict):
     """
     One `data:` event of the stream. Like the unary response it has no `id`. When `stream_options.include_usage` is true every chunk carries `usage: null` except the last one before `[DONE]`, which has an empty `choices` array and the usage counts.
     """
 
-    id: Annotated[str | None, Field(description="Not sent by OVMS.")] = None
+    id: NotRequired[str]
     choices: list[ChatCompletionStreamChoice]
-    created: Annotated[
-        int, Field(description="Unix timestamp (seconds); the same in every chunk.")
-    ]
+    created: int
     model: str
     object: Literal["chat.completion.chunk"]
-    system_fingerprint: Annotated[
-        str | None, Field(description="Not sent by OVMS.")
-    ] = None
-    usage: ChunkUsage | None = None
+    system_fingerprint: NotRequired[str]
+    usage: NotRequired[ChunkUsage | None]
 
 
-class CreateChatCompletionRequest(BaseModel):
+class CreateChatCompletionRequest(TypedDict):
     """
     Chat completion request. Defaults below are OVMS's; a model's `generation_config.json` may override them.
     """
 
-    model: Annotated[
-        str,
-        Field(
-            description="Name of the model, i.e. the name the administrator gave the MediaPipe graph that schedules generation for it."
-        ),
-    ]
-    messages: Annotated[
-        list[ChatCompletionRequestMessage],
-        Field(
-            description="The conversation so far. Each message has a `role` and either `content` or (when using tools) `tool_calls`. OVMS rejects an empty array.",
-            min_length=1,
-        ),
-    ]
-    stream: Annotated[
-        bool | None,
-        Field(
-            description="When true, partial message deltas are sent as data-only server-sent events as they become available, and the stream ends with `data: [DONE]`."
-        ),
-    ] = False
-    stream_options: ChatCompletionStreamOptions | None = None
-    stop: Annotated[
-        str | Stop | None,
-        Field(
-            description="Up to 4 sequences at which generation stops. With `stream: false` the matched stop string is NOT included in the output by default; with `stream: true` it IS included by default (see `include_stop_str_in_output`)."
-        ),
-    ] = None
-    max_tokens: Annotated[
-        int | None,
-        Field(
-            description="Maximum number of tokens to generate. When unset, generation stops at the EOS token (or at `max_tokens_limit` from the graph configuration, which is then the default and an upper limit).",
-            ge=1,
-            le=1048576,
-        ),
-    ] = None
-    max_completion_tokens: Annotated[
-        int | None,
-        Field(
-            description="OpenAI's newer name for `max_tokens`; when both are given this one wins. Same limits as `max_tokens`.",
-            ge=1,
-            le=1048576,
-        ),
-    ] = None
-    ignore_eos: Annotated[
-        bool | None,
-        Field(
-            description="Keep generating after the EOS token is produced (vLLM extension)."
-        ),
-    ] = False
-    include_stop_str_in_output: Annotated[
-        bool | None,
-        Field(
-            description="Whether a matched stop string is included in the output. Defaults to `false` when `stream` is false and to `true` when `stream` is true. Setting it to `false` together with `stream: true` is an invalid combination: OVMS answers an error and the gateway enforces it with 400."
-        ),
-    ] = None
-    logprobs: Annotated[
-        bool | None,
-        Field(
-            description="Return the log probability of each generated token. OVMS returns only the selected token's logprob (one per token; `top_logprobs` is always empty and the `top_logprobs` request parameter is unsupported). Not available in stream mode: OVMS rejects `logprobs: true` with `stream: true`."
-        ),
-    ] = False
-    tools: Annotated[
-        list[ChatCompletionTool] | None,
-        Field(
-            description="Tools the model may call. Only functions are supported. Tool-call parsing requires a graph configured with a tool parser for the model.",
-            max_length=128,
-        ),
-    ] = None
-    tool_choice: Annotated[
-        Literal["none", "auto"] | ChatCompletionNamedToolChoice | None,
-        Field(
-            description='Which tool, if any, the model calls. `none`: no tool, a plain message. `auto`: the model chooses. An object `{"type": "function", "function": {"name": ...}}` forces that function. `required` is not supported.'
-        ),
-    ] = None
-    n: Annotated[
-        int | None,
-        Field(
-            description="Number of output sequences to return. Must satisfy 1 <= n <= best_of (OVMS answers 400 otherwise).",
-            ge=1,
-            le=128,
-        ),
-    ] = 1
-    best_of: Annotated[
-        int | None,
-        Field(
-            description="Number of sequences generated (the beam width for beam search); the top `n` are returned. Must be >= `n`. Values above 1 enable beam search. OVMS refuses values at or above the graph's `best_of_limit` and does not allow `best_of` with streaming.",
-            ge=1,
-            le=128,
-        ),
-    ] = 1
-    length_penalty: Annotated[
-        float | None,
-        Field(
-            description="Exponential length penalty for beam search: the sequence score (a negative log-likelihood) is divided by length^length_penalty, so values > 0 favour longer sequences and values < 0 shorter ones."
-        ),
-    ] = 1.0
-    temperature: Annotated[
-        float | None,
-        Field(
-            description="Modulates token probabilities; values > 0 enable multinomial sampling, 0 means greedy decoding.",
-            ge=0.0,
-            le=2.0,
-        ),
-    ] = 1.0
-    top_p: Annotated[
-        float | None,
-        Field(
-            description="Cumulative probability of the top tokens to consider; must be in (0, 1]. 1 considers all tokens.",
-            gt=0.0,
-            le=1.0,
-        ),
-    ] = 1.0
-    top_k: Annotated[
-        int | None,
-        Field(
-            description="Number of top tokens to consider. Omit it or set -1 to consider all tokens (the default). With multinomial sampling the value must be positive.",
-            ge=-1,
-            le=1048576,
-        ),
-    ] = None
-    repetition_penalty: Annotated[
-        float | None,
-        Field(
-            description="Penalizes tokens already present in the prompt or the generated text. > 1.0 encourages new tokens, < 1.0 encourages repetition, 1.0 means no penalty.",
-            gt=0.0,
-        ),
-    ] = 1.0
-    frequency_penalty: Annotated[
-        float | None,
-        Field(
-            description="Penalizes new tokens by their frequency in the text so far (-2.0 to 2.0).",
-            ge=-2.0,
-            le=2.0,
-        ),
-    ] = 0.0
-    presence_penalty: Annotated[
-        float | None,
-        Field(
-            description="Penalizes new tokens that already appear in the text so far (-2.0 to 2.0).",
-            ge=-2.0,
-            le=2.0,
-        ),
-    ] = 0.0
-    seed: Annotated[
-        int | None,
-        Field(description="Random seed for generation.", ge=0, le=4294967295),
-    ] = 0
-    num_assistant_tokens: Annotated[
-        int | None,
-        Field(
-            description="Speculative decoding: how many tokens the draft model generates before the main model validates them (vLLM's `num_speculative_tokens`); cannot be combined with `assistant_confidence_threshold`. Prompt lookup decoding: number of candidate tokens proposed after an n-gram match. Valid only for speculative / prompt-lookup pipelines.",
-            ge=1,
-            le=1024,
-        ),
-    ] = None
-    assistant_confidence_threshold: Annotated[
-        float | None,
-        Field(
-            description="Speculative decoding: when the draft model produces a token with confidence below this threshold it stops the current cycle and the main model starts validation. Cannot be combined with `num_assistant_tokens`. Valid only for speculative pipelines.",
-            ge=0.0,
-            le=1.0,
-        ),
-    ] = None
-    max_ngram_size: Annotated[
-        int | None,
-        Field(
-            description="Prompt lookup decoding: the largest n-gram used when looking for matches in the prompt. Valid only for prompt-lookup pipelines.",
-            ge=1,
-            le=1024,
-        ),
-    ] = None
-    logit_bias: Annotated[
-        None,
-        Field(
-            description="Unsupported by OVMS (OpenAI token-id → bias map). The gateway rejects it."
-        ),
-    ] = None
-    top_logprobs: Annotated[
-        None,
-        Field(
-            description="Unsupported by OVMS (only one logprob per token is returned). The gateway rejects it."
-        ),
-    ] = None
-    response_format: Annotated[
-        None,
-        Field(
-            description="Unsupported per the seed (structured output). The gateway rejects it."
-        ),
-    ] = None
-    user: Annotated[
-        None,
-        Field(
-            description="Unsupported by OVMS (end-user identifier). The gateway rejects it."
-        ),
-    ] = None
-    function_call: Annotated[
-        None,
-        Field(
-            description="Unsupported by OVMS (deprecated OpenAI predecessor of tool_choice). The gateway rejects it."
-        ),
-    ] = None
-    functions: Annotated[
-        None,
-        Field(
-            description="Unsupported by OVMS (deprecated OpenAI predecessor of tools). The gateway rejects it."
-        ),
-    ] = None
-    min_p: Annotated[
-        None,
-        Field(
-            description="Unsupported by OVMS (vLLM min-p sampling). The gateway rejects it."
-        ),
-    ] = None
-    use_beam_search: Annotated[
-        None,
-        Field(
-            description="Unsupported by OVMS; raise `best_of` above 1 to enable beam search instead. The gateway rejects it."
-        ),
-    ] = None
-    early_stopping: Annotated[
-        None,
-        Field(
-            description="Unsupported by OVMS (vLLM beam-search stopping rule). The gateway rejects it."
-        ),
-    ] = None
-    stop_token_ids: Annotated[
-        None,
-        Field(
-            description="Unsupported by OVMS (vLLM stop token ids). The gateway rejects it."
-        ),
-    ] = None
-    min_tokens: Annotated[
-        None,
-        Field(
-            description="Unsupported by OVMS (vLLM minimum generated tokens). The gateway rejects it."
-        ),
-    ] = None
-    prompt_logprobs: Annotated[
-        None,
-        Field(
-            description="Unsupported by OVMS (vLLM prompt-token logprobs). The gateway rejects it."
-        ),
-    ] = None
-    detokenize: Annotated[
-        None, Field(description="Unsupported by OVMS (vLLM). The gateway rejects it.")
-    ] = None
-    skip_special_tokens: Annotated[
-        None, Field(description="Unsupported by OVMS (vLLM). The gateway rejects it.")
-    ] = None
-    spaces_between_special_tokens: Annotated[
-        None, Field(description="Unsupported by OVMS (vLLM). The gateway rejects it.")
-    ] = None
-    logits_processors: Annotated[
-        None,
-        Field(
-            description="Unsupported by OVMS (vLLM logits processors). The gateway rejects it."
-        ),
-    ] = None
-    truncate_prompt_tokens: Annotated[
-        None,
-        Field(
-            description="Unsupported by OVMS (vLLM prompt truncation). The gateway rejects it."
-        ),
-    ] = None
+    model: str
+    messages: list[ChatCompletionRequestMessage]
+    stream: NotRequired[bool | None]
+    stream_options: NotRequired[ChatCompletionStreamOptions | None]
+    stop: NotRequired[str | list[str] | None]
+    max_tokens: NotRequired[int]
+    max_completion_tokens: NotRequired[int | None]
+    ignore_eos: NotRequired[bool | None]
+    include_stop_str_in_output: NotRequired[bool | None]
+    logprobs: NotRequired[bool | None]
+    tools: NotRequired[list[ChatCompletionTool] | None]
+    tool_choice: NotRequired[ChatCompletionToolChoiceOption]
+    n: NotRequired[int | None]
+    best_of: NotRequired[int | None]
+    length_penalty: NotRequired[float | None]
+    temperature: NotRequired[float | None]
+    top_p: NotRequired[float | None]
+    top_k: NotRequired[int | None]
+    repetition_penalty: NotRequired[float | None]
+    frequency_penalty: NotRequired[float | None]
+    presence_penalty: NotRequired[float | None]
+    seed: NotRequired[int | None]
+    num_assistant_tokens: NotRequired[int | None]
+    assistant_confidence_threshold: NotRequired[float | None]
+    max_ngram_size: NotRequired[int | None]
+    logit_bias: NotRequired[None]
+    top_logprobs: NotRequired[None]
+    response_format: NotRequired[None]
+    user: NotRequired[None]
+    function_call: NotRequired[None]
+    functions: NotRequired[None]
+    min_p: NotRequired[None]
+    use_beam_search: NotRequired[None]
+    early_stopping: NotRequired[None]
+    stop_token_ids: NotRequired[None]
+    min_tokens: NotRequired[None]
+    prompt_logprobs: NotRequired[None]
+    detokenize: NotRequired[None]
+    skip_special_tokens: NotRequired[None]
+    spaces_between_special_tokens: NotRequired[None]
+    logits_processors: NotRequired[None]
+    truncate_prompt_tokens: NotRequired[None]
 
 
-class CreateChatCompletionResponse(BaseModel):
+class CreateChatCompletionResponse(TypedDict):
     """
     A unary chat completion. OVMS sends no `id` and no `system_fingerprint`; both are listed as optional for clients that expect them.
     """
 
-    id: Annotated[str | None, Field(description="Not sent by OVMS.")] = None
-    choices: Annotated[
-        list[ChatCompletionChoice],
-        Field(description="The choices; more than one when `n` > 1."),
-    ]
-    created: Annotated[
-        int,
-        Field(
-            description="Unix timestamp (seconds) of when the completion was created."
-        ),
-    ]
-    model: Annotated[str, Field(description="The model name, copied from the request.")]
+    id: NotRequired[str]
+    choices: list[ChatCompletionChoice]
+    created: int
+    model: str
     object: Literal["chat.completion"]
-    system_fingerprint: Annotated[
-        str | None, Field(description="Not sent by OVMS.")
-    ] = None
-    usage: CompletionUsage | None = None
+    system_fingerprint: NotRequired[str]
+    usage: NotRequired[CompletionUsage]

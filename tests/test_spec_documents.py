@@ -32,11 +32,11 @@ def test_every_operation_is_described(spec_file: str):
                 assert status in operation["responses"], (path, method, status)
 
 
-def test_generated_models_are_fresh():
+def test_generated_types_are_fresh():
     assert stale_files() == []
 
 
 @pytest.mark.parametrize("spec_file", SPEC_FILES)
-def test_generated_models_import(spec_file: str):
+def test_generated_types_import(spec_file: str):
     module = importlib.import_module(f"generated.{spec_file.removesuffix('.yaml')}")
     assert module.__name__.startswith("generated.")

@@ -4,12 +4,15 @@ errors as `{"error": message, "code": UPPER_SNAKE}`; missing logprobs reported a
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.core.canonical import ChatRequest
 from gateway.core.errors import BadRequest, GatewayError
 from gateway.dialects.dialect import Dialect
 from gateway.dialects.shape import OpenAIShaped
+
+if TYPE_CHECKING:
+    from generated import aleph_alpha as aleph_alpha_doc
 
 
 def upper_snake(code: str) -> str:
@@ -47,7 +50,7 @@ class AlephAlphaTranslator(OpenAIShaped):
     def check(self, request: ChatRequest) -> None:
         check_message_order(request.messages)
 
-    def error_body(self, error: GatewayError, request_id: str) -> dict[str, Any]:
+    def error_body(self, error: GatewayError, request_id: str) -> aleph_alpha_doc.ErrorResponse:
         return {"error": error.message, "code": upper_snake(error.code)}
 
 

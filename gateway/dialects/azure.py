@@ -17,8 +17,20 @@ from gateway.dialects.dialect import Dialect, Handler
 from gateway.dialects.shape import JSON, OpenAIShaped, RenderedError
 
 if TYPE_CHECKING:
+    from typing import TypeAlias
+
     from gateway.call import Call
     from gateway.runtime import Runtime
+    from generated import azure as azure_doc
+
+    AzureError: TypeAlias = (
+        azure_doc.UnauthorizedError
+        | azure_doc.NotFoundError
+        | azure_doc.TooManyRequestsError
+        | azure_doc.ContentFilterError
+        | azure_doc.UnprocessableContentError
+        | azure_doc.GenericError
+    )
 
 DEPLOYMENT_HEADER = "azureml-model-deployment"
 SHORT_DESCRIPTIONS = {
@@ -38,8 +50,6 @@ SHORT_DESCRIPTIONS = {
     503: "Service unavailable",
     504: "Gateway timeout",
 }
-# Statuses whose documented body has no `code` field.
-CODELESS = frozenset({401, 404, 429})
 
 
 def detail_value(value: Any) -> str:
@@ -47,25 +57,37 @@ def detail_value(value: Any) -> str:
 
 
 class AzureTranslator(OpenAIShaped):
-    def error_body(self, error: GatewayError, request_id: str) -> dict[str, Any]:
-        status = error.status
-        body: dict[str, Any] = {
-            "error": SHORT_DESCRIPTIONS.get(status, "Error"),
-            "message": error.message,
-            "status": status,
-        }
-        if status not in CODELESS:
-            body["code"] = error.code
-        if status == 400 and error.param:
-            body["param"] = error.param
-        if status == 422:
-            body["detail"] = [
-                {
-                    "loc": [str(p) for p in (error.loc or ["body", error.param or ""])],
-                    "value": detail_value(error.value),
+    def error_body(self, error: GatewayError, request_id: str) -> AzureError:
+        """The seed's error body for the status: some have `code`, 400 names the `param`, 422
+        says where in `detail`."""
+        short = SHORT_DESCRIPTIONS.get(error.status, "Error")
+        match error.status:
+            case 401:
+                return {"error": short, "message": error.message, "status": 401}
+            case 404:
+                return {"error": short, "message": error.message, "status": 404}
+            case 429:
+                return {"error": short, "message": error.message, "status": 429}
+            case 400:
+                bad: azure_doc.ContentFilterError = {
+                    "error": short,
+                    "message": error.message,
+                    "status": 400,
+                    "code": error.code,
                 }
-            ]
-        return body
+                if error.param:
+                    bad["param"] = error.param
+                return bad
+            case 422:
+                location = [str(p) for p in (error.loc or ["body", error.param or ""])]
+                return {
+                    "error": short,
+                    "message": error.message,
+                    "status": 422,
+                    "code": error.code,
+                    "detail": [{"loc": location, "value": detail_value(error.value)}],
+                }
+        return {"error": short, "message": error.message, "status": error.status, "code": error.code}
 
     def error(self, error: GatewayError, request_id: str) -> RenderedError:
         if isinstance(error, DeploymentForbidden):  # a hidden deployment is not found
@@ -82,7 +104,7 @@ class AzureTranslator(OpenAIShaped):
 def operations(runtime: Runtime, translator: OpenAIShaped) -> dict[str, Handler]:
     async def get_model_info(call: Call) -> Response:
         deployment = runtime.router.route(None, call.headers.get(DEPLOYMENT_HEADER))
-        body = {
+        body: azure_doc.ModelInfo = {
             "model_name": deployment.model,
             "model_type": "chat_completion",
             "model_provider_name": deployment.config.provider,

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import orjson
 from starlette.responses import Response
@@ -17,6 +17,7 @@ from gateway.framing import JSONLines
 if TYPE_CHECKING:
     from gateway.call import Call
     from gateway.runtime import Runtime
+    from generated import lmi as lmi_doc
 
 EXCEPTION_NAMES = {
     400: "BadRequestException",
@@ -57,7 +58,7 @@ class LMITranslator(OpenAIShaped):
         # LMI builds `bytes` as Unicode code points, and null for an empty token.
         return [ord(c) for c in token] or None
 
-    def error_body(self, error: GatewayError, request_id: str) -> dict[str, Any]:
+    def error_body(self, error: GatewayError, request_id: str) -> lmi_doc.ErrorResponse:
         return {
             "code": error.status,
             "type": EXCEPTION_NAMES.get(error.status, "ServerException"),
@@ -67,7 +68,8 @@ class LMITranslator(OpenAIShaped):
 
 def operations(runtime: Runtime, translator: OpenAIShaped) -> dict[str, Handler]:
     async def ping(call: Call) -> Response:
-        return Response(orjson.dumps({"status": "Healthy"}), media_type=JSON)
+        body: lmi_doc.PingResponse = {"status": "Healthy"}
+        return Response(orjson.dumps(body), media_type=JSON)
 
     return {"ping": ping}
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import orjson
 from starlette.responses import Response
@@ -14,6 +14,7 @@ from gateway.dialects.shape import JSON, OpenAIShaped, RenderedError
 if TYPE_CHECKING:
     from gateway.call import Call
     from gateway.runtime import Runtime
+    from generated import openai as openai_doc
 
 
 def model_not_found(model: str) -> NotFound:
@@ -34,14 +35,17 @@ class OpenAITranslator(OpenAIShaped):
         return super().error(error, request_id)
 
 
-def model_body(model_id: str, created: int) -> dict[str, Any]:
+def model_body(model_id: str, created: int) -> openai_doc.Model:
     return {"id": model_id, "object": "model", "created": created, "owned_by": "chatgate"}
 
 
 def operations(runtime: Runtime, translator: OpenAIShaped) -> dict[str, Handler]:
     async def list_models(call: Call) -> Response:
-        data = [model_body(name, runtime.started) for name in runtime.router.model_names()]
-        return Response(orjson.dumps({"object": "list", "data": data}), media_type=JSON)
+        listed: openai_doc.ListModelsResponse = {
+            "object": "list",
+            "data": [model_body(name, runtime.started) for name in runtime.router.model_names()],
+        }
+        return Response(orjson.dumps(listed), media_type=JSON)
 
     async def retrieve_model(call: Call) -> Response:
         model = call.path_params["model"]

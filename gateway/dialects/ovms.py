@@ -4,12 +4,15 @@ lookup decoding); errors as `{"error": message}`."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from gateway.core.canonical import ChatRequest
 from gateway.core.errors import BadRequest, GatewayError
 from gateway.dialects.dialect import Dialect
 from gateway.dialects.shape import OpenAIShaped
+
+if TYPE_CHECKING:
+    from generated import ovms as ovms_doc
 
 
 class OVMSTranslator(OpenAIShaped):
@@ -40,7 +43,7 @@ class OVMSTranslator(OpenAIShaped):
                 value=best_of,
             )
 
-    def error_body(self, error: GatewayError, request_id: str) -> dict[str, Any]:
+    def error_body(self, error: GatewayError, request_id: str) -> ovms_doc.ErrorResponse:
         return {"error": error.message}
 
 

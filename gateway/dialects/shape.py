@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import orjson
 
@@ -27,6 +27,9 @@ from gateway.core.canonical import (
 from gateway.core.errors import GatewayError, UnprocessableContent
 from gateway.core.parameters import BY_SPELLING
 from gateway.framing import SSE, Framing
+
+if TYPE_CHECKING:  # the documents' shapes, for the type checker only (generated/, no run-time cost)
+    from generated import openai as openai_doc
 
 JSON = "application/json"
 
@@ -59,7 +62,7 @@ class StreamState:
 @dataclass(slots=True)
 class RenderedError:
     status: int
-    body: dict[str, Any]
+    body: Mapping[str, Any]
     headers: dict[str, str]
 
     def json(self) -> bytes:
@@ -191,10 +194,7 @@ class OpenAIShaped:
                     "token": lp.token,
                     "logprob": self.missing_logprob if lp.logprob is None else lp.logprob,
                     "bytes": self.token_bytes(lp.token),
-                    "top_logprobs": [
-                        {"token": t.token, "logprob": t.logprob, "bytes": self.token_bytes(t.token)}
-                        for t in lp.top
-                    ],
+                    "top_logprobs": [self.top_logprob_body(t.token, t.logprob) for t in lp.top],
                 }
                 for lp in logprobs
             ]
@@ -203,19 +203,28 @@ class OpenAIShaped:
             body["refusal"] = None
         return body
 
+    def top_logprob_body(self, token: str, logprob: float) -> openai_doc.ChatCompletionTopLogprob:
+        return {"token": token, "logprob": logprob, "bytes": self.token_bytes(token)}
+
     @staticmethod
-    def tool_call_body(call: ToolCallDelta, with_index: bool) -> dict[str, Any]:
-        body: dict[str, Any] = {
+    def tool_call_body(call: ToolCallDelta) -> openai_doc.ChatCompletionMessageToolCall:
+        return {
             "id": call.id,
             "type": "function",
             "function": {"name": call.name, "arguments": call.arguments},
         }
-        if with_index:
-            body = {"index": call.call_index, **body}
-        return body
 
     @staticmethod
-    def usage_body(usage: Usage) -> dict[str, Any]:
+    def tool_call_chunk_body(call: ToolCallDelta) -> openai_doc.ChatCompletionMessageToolCallChunk:
+        return {
+            "index": call.call_index,
+            "id": call.id,
+            "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments},
+        }
+
+    @staticmethod
+    def usage_body(usage: Usage) -> openai_doc.CompletionUsage:
         return {
             "prompt_tokens": usage.prompt_tokens,
             "completion_tokens": usage.completion_tokens,
@@ -226,7 +235,7 @@ class OpenAIShaped:
         message: dict[str, Any] = {"role": "assistant", "content": choice.text}
         if choice.tool_calls:
             message["content"] = choice.text or None
-            message["tool_calls"] = [self.tool_call_body(c, False) for c in choice.tool_calls]
+            message["tool_calls"] = [self.tool_call_body(c) for c in choice.tool_calls]
         if self.refusal_in_message:
             message["refusal"] = None
         return message
@@ -296,7 +305,7 @@ class OpenAIShaped:
                     self.chunk_body(answer, [self.chunk_choice(i, delta, logprobs)]),
                 ]
             case ToolCallDelta(index=i):
-                delta = {"tool_calls": [self.tool_call_body(event, True)]}
+                delta = {"tool_calls": [self.tool_call_chunk_body(event)]}
                 if i not in started:
                     started.add(i)
                     delta = {"role": "assistant", "content": None, **delta}
@@ -315,8 +324,9 @@ class OpenAIShaped:
 
     # ----- errors ----------------------------------------------------------------------------
 
-    def error_body(self, error: GatewayError, request_id: str) -> dict[str, Any]:
-        return {
+    def error_body(self, error: GatewayError, request_id: str) -> Mapping[str, Any]:
+        """OpenAI's error body; a dialect with its own shape overrides this."""
+        body: openai_doc.ErrorResponse = {
             "error": {
                 "message": error.message,
                 "type": error.kind,
@@ -324,6 +334,7 @@ class OpenAIShaped:
                 "code": error.code,
             }
         }
+        return body
 
     def error(self, error: GatewayError, request_id: str) -> RenderedError:
         """A gateway error as this dialect answers it: status, body and headers."""
