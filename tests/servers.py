@@ -13,16 +13,12 @@ from pathlib import Path
 
 import httpx
 
+from tests.dialect_routes import main_routes
+
 ROOT = Path(__file__).resolve().parent.parent
 AZURE_API_VERSION = "2024-05-01-preview"
-# Where each dialect's chat operation lives on the default mounts.
-CHAT_PATHS = {
-    "openai": "/v1/chat/completions",
-    "azure": f"/azure/chat/completions?api-version={AZURE_API_VERSION}",
-    "aleph_alpha": "/aleph-alpha/chat/completions",
-    "lmi": "/lmi/v1/chat/completions",
-    "ovms": "/v3/chat/completions",
-}
+# Where each dialect's chat operation lives on the default mounts (from the registry and documents).
+CHAT_PATHS = {name: route.url for name, route in main_routes().items()}
 
 
 def free_port() -> int:

@@ -6,16 +6,13 @@ import httpx
 import orjson
 import pytest
 
+from tests.dialect_routes import chat_routes
 from tests.documents import response_errors
 
-# (dialect spec file, path in the document, URL path on the default mounts, minimal valid body)
+# (dialect document, path in the document, URL on the default mounts, minimal valid body)
 CHAT_ROUTES = [
-    ("openai.yaml", "/chat/completions", "/v1/chat/completions", {"model": "m"}),
-    ("azure.yaml", "/chat/completions", "/azure/chat/completions?api-version=2024-05-01-preview", {}),
-    ("aleph_alpha.yaml", "/chat/completions", "/aleph-alpha/chat/completions", {"model": "m"}),
-    ("lmi.yaml", "/v1/chat/completions", "/lmi/v1/chat/completions", {}),
-    ("lmi.yaml", "/invocations", "/lmi/invocations", {}),
-    ("ovms.yaml", "/chat/completions", "/v3/chat/completions", {"model": "m"}),
+    (route.document, route.doc_path, route.url, {"model": "m"} if route.requires_model else {})
+    for route in chat_routes()
 ]
 USER = [{"role": "user", "content": "hi"}]
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -26,7 +27,9 @@ import pytest
 import yaml
 
 from backends.echo import PREFIX
+from gateway.config import Settings
 from gateway.policy.auth import new_key
+from tests.dialect_routes import ChatRoute, main_routes
 from tests.servers import ROOT, running_gateway
 
 GENERATOR = "openapi-python-client==0.29.1"
@@ -48,18 +51,24 @@ class Dialect:
         return f"chatgate_{self.name}_client"
 
 
-DIALECTS = [
-    Dialect("openai", "/v1", "chat.create_chat_completion", "CreateChatCompletionRequest",
-            "CreateChatCompletionResponse", body={"model": "echo", "max_completion_tokens": 50}),
-    Dialect("azure", "/azure", "chat.get_chat_completions", "ChatCompletionsOptions", "ChatCompletions",
-            arguments={"api_version": "2024-05-01-preview"}, body={"max_tokens": 50}),
-    Dialect("aleph_alpha", "/aleph-alpha", "chat.create_chat_completion", "ChatRequest", "ChatResponse",
-            body={"model": "echo"}),
-    Dialect("lmi", "/lmi", "chat.create_chat_completion", "ChatCompletionRequest", "ChatCompletion",
-            body={"model": "echo"}),
-    Dialect("ovms", "/v3", "chat.create_chat_completion", "CreateChatCompletionRequest",
-            "CreateChatCompletionResponse", body={"model": "echo", "top_k": 5}),
-]  # fmt: skip
+def snake_case(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).replace("-", "_").lower()
+
+
+def generated_client_of(route: ChatRoute) -> Dialect:
+    """What a client generated from the document is called, all read off the document."""
+    return Dialect(
+        name=route.dialect,
+        mount=Settings().mounts[route.dialect] or "",
+        api_module=f"{route.tag}.{snake_case(route.operation_id)}",
+        request_model=route.request_schema,
+        response_model=route.response_schema,
+        arguments={snake_case(name): value for name, value in route.query},
+        body={"model": "echo"} if route.requires_model else {},
+    )
+
+
+DIALECTS = [generated_client_of(route) for route in main_routes().values()]
 
 # What the fresh interpreter runs: only generated code talks to the gateway.
 CHAT = """

@@ -15,7 +15,7 @@ from schemathesis.specs.openapi.checks import (
 from gateway.app import create_app
 from gateway.config import Key, Settings
 from gateway.policy.auth import new_key
-from tests.schemathesis_setup import dialect_schema, dialect_tests
+from tests.schemathesis_setup import dialect_tests
 
 KEY, KEY_SHA = new_key()
 APP = create_app(Settings(keys=[Key(name="conformance", sha256=KEY_SHA)]))
@@ -31,13 +31,6 @@ CHECKS = [
 
 def check(case) -> None:
     case.call_and_validate(headers={"Authorization": f"Bearer {KEY}"}, checks=CHECKS)
-
-
-openai = dialect_schema("openai", APP)
-azure = dialect_schema("azure", APP)
-aleph_alpha = dialect_schema("aleph_alpha", APP)
-lmi = dialect_schema("lmi", APP)
-ovms = dialect_schema("ovms", APP)
 
 
 globals().update(dialect_tests(APP, check))

@@ -12,7 +12,10 @@ import httpx
 import pytest
 import yaml
 
+from gateway.dialects import DIALECTS as REGISTRY
 from gateway.policy.auth import new_key
+from gateway.spec import DialectSpec, load_document
+from tests.dialect_routes import ChatRoute, main_routes
 from tests.documents import response_errors
 from tests.servers import running_gateway
 
@@ -39,19 +42,31 @@ class Dialect:
         return {"model": model, "messages": [{"role": "user", "content": content}], **extra}
 
 
-DIALECTS = [
-    Dialect("openai", "openai.yaml", "/chat/completions", "/v1/chat/completions",
-            {"tools": [{"type": "function", "function": {"name": "f"}}]}, "content_filter"),
-    Dialect("azure", "azure.yaml", "/chat/completions",
-            "/azure/chat/completions?api-version=2024-05-01-preview",
-            {"tools": [{"type": "function", "function": {"name": "f"}}]}, "content_filter"),
-    Dialect("aleph_alpha", "aleph_alpha.yaml", "/chat/completions", "/aleph-alpha/chat/completions",
-            {"logprobs": True}, "content_filter"),
-    Dialect("lmi", "lmi.yaml", "/v1/chat/completions", "/lmi/v1/chat/completions",
-            {"logprobs": True}, "stop_sequence"),
-    Dialect("ovms", "ovms.yaml", "/chat/completions", "/v3/chat/completions",
-            {"top_k": 5}, "stop"),
-]  # fmt: skip
+# what the text-only deployment refuses; each dialect is tried with the first it defines
+TEXT_ONLY_REFUSES = {
+    "tools": [{"type": "function", "function": {"name": "f"}}],
+    "logprobs": True,
+    "top_k": 5,
+}
+
+
+def dialect_under_test(route: ChatRoute) -> Dialect:
+    registered = REGISTRY[route.dialect]
+    spec = DialectSpec(load_document(registered.document), frozenset(registered.chat_operations))
+    # one the dialect defines and takes (not one its own document refuses)
+    takes = spec.chat_fields - set(spec.unsupported)
+    refused = next(name for name in TEXT_ONLY_REFUSES if name in takes)
+    return Dialect(
+        route.dialect,
+        route.document,
+        route.doc_path,
+        route.url,
+        {refused: TEXT_ONLY_REFUSES[refused]},
+        registered.translator.finish_reasons["content_filter"],
+    )
+
+
+DIALECTS = [dialect_under_test(route) for route in main_routes().values()]
 
 CONFIG = {
     "server": {"max_body_bytes": 4096},
