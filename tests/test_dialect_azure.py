@@ -93,3 +93,29 @@ def test_unknown_deployment_header_is_404(gateway_url: str):
         "status": 404,
     }
     assert response.headers["x-ms-error-code"] == "DeploymentNotFound"
+
+
+@pytest.mark.parametrize(
+    ("policy", "status", "usage_chunks"),
+    [("drop", 200, 0), ("pass-through", 200, 0), ("error", 400, None)],
+)
+def test_parameters_azure_does_not_define_are_extra(gateway_url: str, policy, status, usage_chunks):
+    """`stream_options` is not in Azure's document: it is an extra parameter like any other,
+    dropped, passed through or refused as `extra-parameters` says, never read as if defined."""
+    body = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "n": {"": None},  # a wrong type for what it is elsewhere: untouched, never a 500
+    }
+    response = httpx.post(
+        f"{gateway_url}/azure/chat/completions",
+        params=API_VERSION,
+        json=body,
+        headers={"extra-parameters": policy},
+    )
+    assert response.status_code == status, response.text
+    if status == 200:
+        chunks = [line for line in response.text.splitlines() if line.startswith("data: {")]
+        assert sum('"usage"' in chunk for chunk in chunks) == usage_chunks
+        assert sum('"choices":[]' in chunk for chunk in chunks) == 0
