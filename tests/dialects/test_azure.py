@@ -1,0 +1,382 @@
+"""The Azure AI Model Inference translator (gateway/dialects/azure.py), table by table: the few
+parameters azure.yaml defines (everything else, `n` and `stream_options` too, is extra), OpenAI's
+completion and stream shapes without `refusal`, and the seed's flat error bodies with the code in
+`x-ms-error-code` (and not in the body for 401, 404 and 429)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gateway.core.canonical import Choice, Completion, Finish, FinishReason, TextDelta
+from gateway.core.errors import GatewayError, UnprocessableContent
+from tests.dialects import cases
+from tests.dialects.cases import (
+    MINIMAL_BODY,
+    USAGE,
+    USAGE_BODY,
+    WEATHER_CALL,
+    WEATHER_CALL_BODY,
+    CompletionCase,
+    ErrorCase,
+    ReadCase,
+    StreamCase,
+)
+from tests.documents import response_errors
+
+TRANSLATOR = cases.translator("azure")
+SPEC, PATH = "azure.yaml", "/chat/completions"
+WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather"}}
+
+# ----- read -------------------------------------------------------------------------------------
+
+READS = [
+    ReadCase("minimal body", {}, {}),
+    ReadCase("model", {"model": "phi-3"}, {"model": "phi-3"}),
+    ReadCase("stream", {"stream": True}, {"stream": True}),
+    ReadCase("max_tokens", {"max_tokens": 5}, {"max_tokens": 5}),
+    ReadCase("stop", {"stop": ["END"]}, {"stop": ["END"]}),
+    ReadCase(
+        "sampling numbers",
+        {"seed": 7, "temperature": 0.5, "top_p": 0.9, "frequency_penalty": 0.1, "presence_penalty": -0.1},
+        {"seed": 7, "temperature": 0.5, "top_p": 0.9, "frequency_penalty": 0.1, "presence_penalty": -0.1},
+    ),
+    ReadCase(
+        "response_format",
+        {"response_format": {"type": "json_object"}},
+        {"response_format": {"type": "json_object"}},
+    ),
+    ReadCase(
+        "tools and tool_choice",
+        {"tools": [WEATHER_TOOL], "tool_choice": "auto"},
+        {"tools": [WEATHER_TOOL], "tool_choice": "auto"},
+    ),
+    # azure.yaml does not define these: they are extra parameters, kept as sent whatever their
+    # type, for the extra-parameters policy to pass, drop or refuse.
+    ReadCase("n is extra, even not a number", {"n": "x"}, {"extra": {"n": "x"}}),
+    ReadCase(
+        "stream_options is extra, even not an object: no usage chunk",
+        {"stream": True, "stream_options": "x"},
+        {"stream": True, "extra": {"stream_options": "x"}},
+    ),
+    ReadCase(
+        "max_completion_tokens is extra: max_tokens stays unset",
+        {"max_completion_tokens": 7},
+        {"extra": {"max_completion_tokens": 7}},
+    ),
+    ReadCase(
+        "OpenAI's other parameters are extra",
+        {"logprobs": "yes", "functions": 1, "user": ["u"], "logit_bias": None},
+        {"extra": {"logprobs": "yes", "functions": 1, "user": ["u"], "logit_bias": None}},
+    ),
+    ReadCase("a model's own parameter is extra", {"safe_mode": True}, {"extra": {"safe_mode": True}}),
+]
+
+
+@pytest.mark.parametrize("case", READS, ids=lambda case: case.id)
+def test_read(case: ReadCase):
+    assert TRANSLATOR.read({**MINIMAL_BODY, **case.body}) == cases.request(**case.expected)
+
+
+def test_every_parameter_the_document_defines_has_a_row():
+    assert cases.parameters_in(READS) >= TRANSLATOR.facts.fields
+
+
+# ----- completion -------------------------------------------------------------------------------
+
+
+def completion_body(choices: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "id": cases.ANSWER_ID,
+        "object": "chat.completion",
+        "created": cases.CREATED,
+        "model": cases.MODEL,
+        "choices": choices,
+        "usage": USAGE_BODY,
+    }
+
+
+COMPLETIONS = [
+    CompletionCase(
+        "text, no refusal",
+        [Choice(0, "Hello", finish_reason="stop")],
+        [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "Hello"},
+                "logprobs": None,
+                "finish_reason": "stop",
+            }
+        ],
+    ),
+    CompletionCase(
+        "a tool call, content null",
+        [Choice(0, "", tool_calls=[WEATHER_CALL], finish_reason="tool_calls")],
+        [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": None, "tool_calls": [WEATHER_CALL_BODY]},
+                "logprobs": None,
+                "finish_reason": "tool_calls",
+            }
+        ],
+    ),
+    CompletionCase(
+        "filtered",
+        [Choice(0, "Hel", finish_reason="content_filter")],
+        [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "Hel"},
+                "logprobs": None,
+                "finish_reason": "content_filter",
+            }
+        ],
+    ),
+]
+
+
+@pytest.mark.parametrize("case", COMPLETIONS, ids=lambda case: case.id)
+def test_completion(case: CompletionCase):
+    body = TRANSLATOR.completion(cases.answer(), Completion(case.choices, USAGE))
+    assert body == completion_body(case.expected)
+    assert response_errors(SPEC, PATH, "post", 200, body) == []
+
+
+FINISH_WORDS = [
+    ("stop", "stop"),
+    ("stop_sequence", "stop"),
+    ("length", "length"),
+    ("tool_calls", "tool_calls"),
+    ("content_filter", "content_filter"),
+]
+
+
+@pytest.mark.parametrize(("reason", "word"), FINISH_WORDS)
+def test_finish_reason_words(reason: FinishReason, word: str):
+    body = TRANSLATOR.completion(cases.answer(), Completion([Choice(0, "x", finish_reason=reason)], USAGE))
+    (last,) = cases.stream(TRANSLATOR, [Finish(0, reason)])
+    assert body["choices"][0]["finish_reason"] == last["choices"][0]["finish_reason"] == word
+
+
+# ----- chunks -----------------------------------------------------------------------------------
+
+
+def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+    return {
+        "id": cases.ANSWER_ID,
+        "object": "chat.completion.chunk",
+        "created": cases.CREATED,
+        "model": cases.MODEL,
+        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+    }
+
+
+STREAMS = [
+    StreamCase(
+        "text opens with a role chunk; the finish chunk's delta is empty",
+        [TextDelta(0, "Hel"), TextDelta(0, "lo"), Finish(0, "length")],
+        [
+            chunk({"role": "assistant", "content": ""}),
+            chunk({"content": "Hel"}),
+            chunk({"content": "lo"}),
+            chunk({}, "length"),
+        ],
+    ),
+    StreamCase(
+        "a tool call",
+        [WEATHER_CALL, Finish(0, "tool_calls")],
+        [
+            chunk({"role": "assistant", "content": None, "tool_calls": [{"index": 0, **WEATHER_CALL_BODY}]}),
+            chunk({}, "tool_calls"),
+        ],
+    ),
+    # an Azure request cannot ask for usage (stream_options is extra): never a usage chunk
+    StreamCase(
+        "usage: no chunk",
+        [TextDelta(0, "Hi"), USAGE],
+        [chunk({"role": "assistant", "content": ""}), chunk({"content": "Hi"})],
+    ),
+]
+
+
+@pytest.mark.parametrize("case", STREAMS, ids=lambda case: case.id)
+def test_stream(case: StreamCase):
+    chunks = cases.stream(TRANSLATOR, case.events, include_usage=case.include_usage)
+    assert chunks == case.expected
+    for each in chunks:
+        assert cases.chunk_errors(SPEC, PATH, each) == []
+
+
+# ----- error ------------------------------------------------------------------------------------
+
+
+def error_body(error: GatewayError, short: str, **more: Any) -> dict[str, Any]:
+    return {"error": short, "message": error.message, "status": error.status, **more}
+
+
+def error_code(code: str, **more: str) -> dict[str, str]:
+    return {**more, "x-ms-error-code": code}
+
+
+IMAGE_REFUSED = UnprocessableContent(
+    "The model does not take image parts.",
+    param="messages",
+    loc=["body", "messages", 0, "content", 1, "type"],
+    value="image_url",
+    code="UnsupportedContent",
+)
+N_REFUSED = UnprocessableContent("The model returns one choice.", param="n", value=3)  # no loc
+
+ERRORS = [
+    ErrorCase(
+        "400 invalid body names its param",
+        cases.INVALID_BODY,
+        400,
+        error_body(cases.INVALID_BODY, "Bad request", code="BadRequest", param="messages[0].content"),
+        error_code("BadRequest"),
+    ),
+    ErrorCase(
+        "400 without a parameter has no param",
+        cases.NOT_JSON,
+        400,
+        error_body(cases.NOT_JSON, "Bad request", code="BadRequest"),
+        error_code("BadRequest"),
+    ),
+    ErrorCase(
+        "400 extra parameter",
+        cases.EXTRA_PARAMETER,
+        400,
+        error_body(cases.EXTRA_PARAMETER, "Bad request", code="ExtraParameterNotAllowed", param="mood"),
+        error_code("ExtraParameterNotAllowed"),
+    ),
+    ErrorCase(
+        "400 content filter",
+        cases.PROMPT_FILTERED,
+        400,
+        error_body(cases.PROMPT_FILTERED, "Bad request", code="content_filter", param="messages"),
+        error_code("content_filter"),
+    ),
+    ErrorCase(
+        "401 has no code in the body",
+        cases.NO_KEY,
+        401,
+        error_body(cases.NO_KEY, "Unauthorized"),
+        error_code("Unauthorized"),
+    ),
+    ErrorCase(
+        "hidden deployment is 404, as an unknown deployment",
+        cases.HIDDEN_DEPLOYMENT,
+        404,
+        {"error": "Not found", "message": "Deployment 'text-only' not found.", "status": 404},
+        error_code("DeploymentNotFound"),
+    ),
+    ErrorCase(
+        "404 has no code in the body",
+        cases.UNKNOWN_MODEL,
+        404,
+        error_body(cases.UNKNOWN_MODEL, "Not found"),
+        error_code("ModelNotFound"),
+    ),
+    ErrorCase(
+        "405 with Allow",
+        cases.WRONG_METHOD,
+        405,
+        error_body(cases.WRONG_METHOD, "Method not allowed", code="MethodNotAllowed"),
+        error_code("MethodNotAllowed", Allow="POST"),
+    ),
+    ErrorCase(
+        "413",
+        cases.BODY_TOO_LARGE,
+        413,
+        error_body(cases.BODY_TOO_LARGE, "Payload too large", code="PayloadTooLarge"),
+        error_code("PayloadTooLarge"),
+    ),
+    ErrorCase(
+        "415",
+        cases.NOT_JSON_MEDIA,
+        415,
+        error_body(cases.NOT_JSON_MEDIA, "Unsupported media type", code="UnsupportedMediaType"),
+        error_code("UnsupportedMediaType"),
+    ),
+    ErrorCase(
+        "422 detail: loc, and the value as JSON text",
+        cases.UNSUPPORTED_PARAMETER,
+        422,
+        error_body(
+            cases.UNSUPPORTED_PARAMETER,
+            "Unprocessable content",
+            code="UnsupportedParameter",
+            detail=[{"loc": ["body", "top_k"], "value": "5"}],
+        ),
+        error_code("UnsupportedParameter"),
+    ),
+    ErrorCase(
+        "422 detail: list indices as text, a string value as it is",
+        IMAGE_REFUSED,
+        422,
+        error_body(
+            IMAGE_REFUSED,
+            "Unprocessable content",
+            code="UnsupportedContent",
+            detail=[{"loc": ["body", "messages", "0", "content", "1", "type"], "value": "image_url"}],
+        ),
+        error_code("UnsupportedContent"),
+    ),
+    ErrorCase(
+        "422 detail without loc points at the param",
+        N_REFUSED,
+        422,
+        error_body(
+            N_REFUSED,
+            "Unprocessable content",
+            code="UnprocessableContent",
+            detail=[{"loc": ["body", "n"], "value": "3"}],
+        ),
+        error_code("UnprocessableContent"),
+    ),
+    ErrorCase(
+        "429 has no code in the body, keeps Retry-After",
+        cases.RATE_LIMITED,
+        429,
+        error_body(cases.RATE_LIMITED, "Too many requests"),
+        error_code("RateLimitExceeded", **cases.RATE_LIMIT_HEADERS),
+    ),
+    ErrorCase(
+        "500",
+        cases.INTERNAL,
+        500,
+        error_body(cases.INTERNAL, "Internal server error", code="InternalServerError"),
+        error_code("InternalServerError"),
+    ),
+    ErrorCase(
+        "502",
+        cases.ANSWER_TOO_LARGE,
+        502,
+        error_body(cases.ANSWER_TOO_LARGE, "Bad gateway", code="ResponseTooLarge"),
+        error_code("ResponseTooLarge"),
+    ),
+    ErrorCase(
+        "503 with Retry-After",
+        cases.NO_REPLICA,
+        503,
+        error_body(cases.NO_REPLICA, "Service unavailable", code="NoHealthyReplica"),
+        error_code("NoHealthyReplica", **{"Retry-After": "5"}),
+    ),
+    ErrorCase(
+        "504",
+        cases.UPSTREAM_TIMEOUT,
+        504,
+        error_body(cases.UPSTREAM_TIMEOUT, "Gateway timeout", code="UpstreamTimeout"),
+        error_code("UpstreamTimeout"),
+    ),
+]
+
+
+@pytest.mark.parametrize("case", ERRORS, ids=lambda case: case.id)
+def test_error(case: ErrorCase):
+    rendered = TRANSLATOR.error(case.error, "request-1")
+    assert (rendered.status, rendered.body, rendered.headers) == (case.status, case.body, case.headers)
+    if case.status not in cases.UNDOCUMENTED_STATUSES:
+        assert response_errors(SPEC, PATH, "post", case.status, rendered.body) == []
