@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from backends import Backend, Capabilities, create_backend
 from gateway.config import ConfigError, Deployment
-from gateway.core.errors import NotFound
+from gateway.core.errors import DeploymentNotFound, ModelNotFound
 from gateway.policy.capabilities import effective
 from gateway.policy.limits import Bucket, buckets_for
 
@@ -150,21 +150,13 @@ class Router:
         if deployment_name:
             live = self.deployments.get(deployment_name)
             if live is None:
-                raise NotFound(
-                    f"Deployment '{deployment_name}' not found.",
-                    param="azureml-model-deployment",
-                    code="DeploymentNotFound",
-                )
+                raise DeploymentNotFound(deployment_name)
             return live
         if model is None:  # dialects where `model` is optional: the first deployment serves
             return self.default
         live = self.by_model.get(model) or self.catch_all
         if live is None:
-            raise NotFound(
-                f"The model '{model}' does not exist or you do not have access to it.",
-                param="model",
-                code="ModelNotFound",
-            )
+            raise ModelNotFound(model)
         return live
 
     def unhealthy(self) -> list[str]:

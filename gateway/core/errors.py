@@ -81,6 +81,28 @@ class NotFound(GatewayError):
     status, code, kind = 404, "NotFound", "not_found_error"
 
 
+class ModelNotFound(NotFound):
+    """404: no deployment serves this model name."""
+
+    code = "ModelNotFound"
+
+    def __init__(self, model: str) -> None:
+        super().__init__(
+            f"The model '{model}' does not exist or you do not have access to it.", param="model"
+        )
+        self.model = model
+
+
+class DeploymentNotFound(NotFound):
+    """404: no deployment has this name (Azure's `azureml-model-deployment` header)."""
+
+    code = "DeploymentNotFound"
+
+    def __init__(self, deployment: str, header: str = "azureml-model-deployment") -> None:
+        super().__init__(f"Deployment '{deployment}' not found.", param=header)
+        self.deployment = deployment
+
+
 class MethodNotAllowed(GatewayError):
     """405: the path exists, the method does not (the `Allow` header lists those that do)."""
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from starlette.responses import Response
 
-from gateway.core.errors import DeploymentForbidden, GatewayError, NotFound
+from gateway.core.errors import DeploymentForbidden, DeploymentNotFound, GatewayError
 from gateway.dialects.dialect import Dialect, Handler
 from gateway.dialects.shape import JSON, OpenAIShaped, RenderedError
 
@@ -91,11 +91,7 @@ class AzureTranslator(OpenAIShaped):
 
     def error(self, error: GatewayError, request_id: str) -> RenderedError:
         if isinstance(error, DeploymentForbidden):  # a hidden deployment is not found
-            error = NotFound(
-                f"Deployment '{error.deployment}' not found.",
-                param=DEPLOYMENT_HEADER,
-                code="DeploymentNotFound",
-            )
+            error = DeploymentNotFound(error.deployment, DEPLOYMENT_HEADER)
         rendered = super().error(error, request_id)
         rendered.headers["x-ms-error-code"] = error.code
         return rendered

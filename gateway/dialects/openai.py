@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import orjson
 from starlette.responses import Response
 
-from gateway.core.errors import DeploymentForbidden, GatewayError, NotFound
+from gateway.core.errors import DeploymentForbidden, GatewayError, ModelNotFound, NotFound
 from gateway.dialects.dialect import Dialect, Handler
 from gateway.dialects.shape import JSON, OpenAIShaped, RenderedError
 
@@ -30,8 +30,11 @@ class OpenAITranslator(OpenAIShaped):
     refusal_in_message = True  # OpenAI always sends `refusal`, null when the model did not refuse
 
     def error(self, error: GatewayError, request_id: str) -> RenderedError:
+        # a model hidden from the key reads exactly as one that does not exist
         if isinstance(error, DeploymentForbidden):
             error = model_not_found(error.deployment)
+        elif isinstance(error, ModelNotFound):
+            error = model_not_found(error.model)
         return super().error(error, request_id)
 
 

@@ -113,7 +113,7 @@ class OpenAIShaped:
             parameter = BY_SPELLING.get(name)
             if parameter is not None and parameter.field:
                 known[name] = value
-            else:
+            elif value is not None:  # an option sent as null is not set
                 options[name if parameter is None else parameter.name] = value
         request = self.canonical(known, options, extra)
         self.check(request)

@@ -9,7 +9,6 @@ from functools import cache
 from typing import Any
 
 import jsonschema_rs
-import pytest
 
 from gateway.app import facts_of
 from gateway.core.canonical import (
@@ -70,13 +69,6 @@ class ReadCase:
     id: str
     body: dict[str, Any]
     expected: dict[str, Any] = field(default_factory=dict)
-
-
-def xfail(case: Any, reason: str) -> Any:
-    """A row whose expectation is right and the translator's answer is not (yet): a known bug."""
-    return pytest.param(
-        case, id=case.id, marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason=reason)
-    )
 
 
 def parameters_in(*tables: list[Any]) -> set[str]:

@@ -74,15 +74,10 @@ READS = [
         {"tools": None, "tool_choice": None, "response_format": None},
         {},
     ),
-    cases.xfail(
-        ReadCase(
-            "ignored or rejected options sent as null read as unset",
-            {"service_tier": None, "parallel_tool_calls": None},
-            {},
-        ),
-        reason="shape.py:163 screens only non-null values and shape.py:114 keeps a null option: "
-        "options == {'service_tier': None, 'parallel_tool_calls': None}, which "
-        "openai_compatible forwards upstream as nulls",
+    ReadCase(
+        "ignored or rejected options sent as null read as unset",
+        {"service_tier": None, "parallel_tool_calls": None},
+        {},
     ),
     # aleph_alpha.yaml does not define these: extra parameters, kept as sent whatever their type
     ReadCase(

@@ -98,15 +98,10 @@ READS = [
         },
         {"max_tokens": 5},
     ),
-    cases.xfail(
-        ReadCase(
-            "an option sent as null is not set",
-            {"top_k": None, "best_of": None, "use_beam_search": None},
-            {},
-        ),
-        reason="shape.py:114 keeps a null option (and shape.py:163 does not screen a null rejected "
-        "one): options == {'top_k': None, 'best_of': None, 'use_beam_search': None}, which "
-        "openai_compatible forwards upstream (vLLM refuses use_beam_search: null)",
+    ReadCase(
+        "an option sent as null is not set",
+        {"top_k": None, "best_of": None, "use_beam_search": None},
+        {},
     ),
     ReadCase(
         "a parameter ovms.yaml does not define is extra",
