@@ -134,10 +134,13 @@ def create_app(
     # Build the middleware stack now (Connexion would on the first request): the tables are
     # compiled at start, and the gateway's own endpoints join the front door's.
     app.app, app.middleware_stack = app._build_middleware_stack()
-    door = next(m for m in app.middleware_stack if isinstance(m, FrontDoor))
     for path, handler in gateway_endpoints(runtime, lifecycle).items():
-        door.add_route("GET", path, handler)
+        front_door_of(app).add_route("GET", path, handler)
     return app
+
+
+def front_door_of(app: ConnexionMiddleware) -> FrontDoor:
+    return next(m for m in app.middleware_stack or () if isinstance(m, FrontDoor))
 
 
 def facts_of(document: dict[str, Any], chat_operations: tuple[str, ...]) -> DocumentFacts:

@@ -231,6 +231,18 @@ class Shutdown(Strict):
     deadline: float = Field(default=30.0, ge=0)
 
 
+class ClientLimits(Strict):
+    """What one client may hold of a worker (gateway/edge.py)."""
+
+    max_header_bytes: int = Field(
+        default=64 * 1024, ge=1024, description="request line and headers; more → 431"
+    )
+    header_timeout: float = Field(default=10.0, gt=0, description="seconds for a request's headers; → 408")
+    body_timeout: float = Field(default=60.0, gt=0, description="seconds for a request's body; → 408")
+    keepalive_timeout: float = Field(default=5.0, gt=0, description="seconds an idle connection is kept")
+    max_connections: int = Field(default=1000, ge=1, description="connections per worker; more are closed")
+
+
 class Server(Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
@@ -241,6 +253,7 @@ class Server(Strict):
         description="largest answer relayed; past it a JSON answer is a 502 and a stream ends with an error",
     )
     shutdown: Shutdown = Shutdown()
+    clients: ClientLimits = ClientLimits()
 
 
 class Settings(Strict):

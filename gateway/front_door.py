@@ -38,6 +38,7 @@ from gateway.core.errors import (
     MethodNotAllowed,
     NotFound,
     UnsupportedMediaType,
+    error_for_status,
 )
 from gateway.dialects.shape import OpenAIShaped
 from gateway.metrics import Metrics
@@ -331,6 +332,11 @@ class FrontDoor(SpecMiddleware):
                     raise UnsupportedMediaType(
                         f"Invalid Content-type ({media_type}), expected ['application/json']"
                     )
+                encoding = headers.get("content-encoding", "identity").strip().lower()
+                if encoding not in ("identity", ""):
+                    raise UnsupportedMediaType(
+                        f"Content-Encoding {encoding} is not supported: send the body uncompressed."
+                    )
                 body = parse_and_validate(await read_body(receive, self.max_body_bytes), operation.body)
             call = Call(
                 request_id=request_id.decode(),
@@ -349,6 +355,11 @@ class FrontDoor(SpecMiddleware):
             log.exception("request failed")
             failure = InternalError("The gateway failed to handle this request.")
             return self.error_response(translator or self.translator_for(path), failure, request_id, record)
+
+    def edge_error(self, status: int, message: str, path: str) -> tuple[bytes, bytes]:
+        """An error the connection itself answers (gateway/edge.py), in the path's dialect."""
+        rendered = self.translator_for(path).error(error_for_status(status, message), "")
+        return rendered.json(), JSON_MEDIA_TYPE.encode()
 
     @staticmethod
     def error_response(

@@ -10,6 +10,7 @@ starting stops the whole gateway with its one-line reason; one that dies later i
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import logging.config
 import multiprocessing
@@ -124,7 +125,8 @@ class GatewayServer(uvicorn.Server):
 def run_worker(options: ServeOptions, sock: socket.socket) -> int:
     """One server process on a bound socket (in the process itself, or in a worker)."""
     from gateway.access_log import AccessLog
-    from gateway.app import create_app
+    from gateway.app import create_app, front_door_of
+    from gateway.edge import EdgeProtocol
 
     logging.config.dictConfig(options.log_config)
     lifecycle = Lifecycle()
@@ -134,15 +136,19 @@ def run_worker(options: ServeOptions, sock: socket.socket) -> int:
     except ConfigError as error:
         print(f"chatgate: {error}", file=sys.stderr, flush=True)
         return STARTUP_FAILURE
+    edge = functools.partial(
+        EdgeProtocol, limits=settings.server.clients, render_error=front_door_of(app).edge_error
+    )
     config = uvicorn.Config(
         app,
         log_config=None,  # configured above, once
         log_level=options.log_level,
         access_log=False,
         loop="uvloop",
-        http="httptools",
+        http=edge,  # type: ignore[arg-type]
         lifespan="on",
-        timeout_graceful_shutdown=int(settings.server.shutdown.deadline) or None,
+        # seconds (a float works; 0 must not read as None, "wait forever")
+        timeout_graceful_shutdown=max(settings.server.shutdown.deadline, 0.001),  # type: ignore[arg-type]
     )
     server = GatewayServer(config, lifecycle, settings.server.shutdown.drain)
     host, port = sock.getsockname()[:2]

@@ -4,13 +4,14 @@ limit and parsed with orjson, and errors that say where the request breaks its d
 
 from __future__ import annotations
 
+import json
 import typing as t
 
 import jsonschema_rs
 import orjson
 from starlette.types import Receive
 
-from gateway.core.errors import BadRequest, PayloadTooLarge
+from gateway.core.errors import BadRequest, ClientGone, PayloadTooLarge
 
 OPENAPI_ONLY_KEYWORDS = ("nullable", "example", "examples", "discriminator", "xml", "externalDocs")
 
@@ -62,7 +63,7 @@ async def read_body(receive: Receive, max_body_bytes: int) -> bytes:
     while more_body:
         message = await receive()
         if message["type"] != "http.request":
-            break
+            raise ClientGone("The client went away before sending the whole body.")
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > max_body_bytes:
@@ -72,14 +73,64 @@ async def read_body(receive: Receive, max_body_bytes: int) -> bytes:
     return b"".join(chunks)
 
 
-def parse_and_validate(raw: bytes, validator: jsonschema_rs.Draft4Validator) -> t.Any:
-    """The body as JSON, valid for the operation's schema, or a 400 that says where it is not."""
+MAX_DEPTH = 64  # nesting of objects and arrays a body may have (orjson alone allows 255)
+
+
+class DuplicateKey(ValueError):
+    pass
+
+
+def no_duplicates(pairs: list[tuple[str, t.Any]]) -> dict[str, t.Any]:
+    found = dict(pairs)
+    if len(found) != len(pairs):
+        seen: set[str] = set()
+        repeated = next(key for key, _ in pairs if key in seen or seen.add(key))  # type: ignore[func-returns-value]
+        raise DuplicateKey(repeated)
+    return found
+
+
+# The second reading only looks for keys given twice; orjson keeps the last silently, while a
+# proxy in front may have read the first: the two would disagree about what was asked.
+KEY_CHECKER = json.JSONDecoder(object_pairs_hook=no_duplicates)
+
+
+def deeper_than(value: t.Any, limit: int) -> bool:
+    """Whether objects and arrays nest more than `limit` levels (without recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return False
+
+
+def parse_json(raw: bytes) -> t.Any:
+    """The body as JSON, strictly: valid UTF-8, no NaN, 64-bit integers, no key given twice,
+    nested at most 64 deep; else a 400 that says what is wrong."""
     if not raw:
         raise BadRequest("The request body is required and must be a JSON object.")
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as error:
         raise BadRequest(f"The request body is not valid JSON: {error}") from None
+    if isinstance(body, dict | list):
+        # counting brackets is cheap; most bodies cannot nest that deep and skip the walk
+        if raw.count(b"{") + raw.count(b"[") > MAX_DEPTH and deeper_than(body, MAX_DEPTH):
+            raise BadRequest(f"The request body nests objects and arrays deeper than {MAX_DEPTH} levels.")
+        try:
+            KEY_CHECKER.decode(raw.decode("utf-8"))
+        except DuplicateKey as duplicate:
+            raise BadRequest(
+                f"The request body gives the key '{duplicate}' twice in one object.", param=str(duplicate)
+            ) from None
+    return body
+
+
+def parse_and_validate(raw: bytes, validator: jsonschema_rs.Draft4Validator) -> t.Any:
+    """The body as JSON, valid for the operation's schema, or a 400 that says where it is not."""
+    body = parse_json(raw)
     problem = next(validator.iter_errors(body), None)
     if problem is not None:
         raise validation_error(problem)

@@ -109,6 +109,12 @@ class MethodNotAllowed(GatewayError):
     status, code, kind = 405, "MethodNotAllowed", "invalid_request_error"
 
 
+class ClientGone(GatewayError):
+    """499 (nginx's "client closed request"): the client left before the answer; nobody reads it."""
+
+    status, code, kind = 499, "ClientClosedRequest", "invalid_request_error"
+
+
 class RequestTimeout(GatewayError):
     """408: the client took too long to send its request."""
 

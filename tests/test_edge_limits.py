@@ -1,0 +1,226 @@
+"""What one client may hold of the gateway, tested with real sockets: the header block, the time
+to send headers and body, idle connections, connections in all; and the connection's own errors
+(a request the parser refuses) in the dialect's shape."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+
+from tests.documents import response_errors
+from tests.gateway_process import GatewayProcess, gateway_process
+from tests.servers import ROOT
+
+LIMITS = {"header_timeout": 3, "body_timeout": 2, "keepalive_timeout": 2, "max_connections": 700}
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    with gateway_process(tmp_path_factory.mktemp("edge"), {"server": {"clients": LIMITS}}) as process:
+        yield process
+
+
+def address(gateway: GatewayProcess) -> tuple[str, int]:
+    host, _, port = gateway.url.removeprefix("http://").partition(":")
+    return host, int(port)
+
+
+def exchange(gateway: GatewayProcess, raw: bytes, timeout: float = 10) -> bytes:
+    """Send raw bytes, read until the gateway closes (or the timeout)."""
+    with socket.create_connection(address(gateway), timeout=timeout) as sock:
+        try:
+            sock.sendall(raw)
+        except OSError:
+            pass  # it may close before it has read everything (that is the point)
+        received = b""
+        try:
+            while chunk := sock.recv(65536):
+                received += chunk
+        except (ConnectionResetError, TimeoutError):
+            pass
+    return received
+
+
+def status_and_body(answer: bytes) -> tuple[int, dict]:
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return int(head.split(b" ", 2)[1]), orjson.loads(body)
+
+
+def rss_kib(gateway: GatewayProcess) -> int:
+    for line in httpx.get(f"{gateway.url}/metrics").text.splitlines():
+        if line.startswith("process_resident_memory_bytes "):
+            return int(float(line.split()[1])) // 1024
+    raise AssertionError("no process_resident_memory_bytes")
+
+
+def test_a_huge_header_is_431_in_shape_before_it_is_read(gateway: GatewayProcess):
+    before = rss_kib(gateway)
+    for _ in range(3):
+        raw = b"GET /v1/models HTTP/1.1\r\nhost: x\r\nx-big: " + b"a" * (16 * 1024 * 1024) + b"\r\n\r\n"
+        started = time.monotonic()
+        status, body = status_and_body(exchange(gateway, raw))
+        assert time.monotonic() - started < 5
+        assert status == 431
+        assert response_errors("openai.yaml", "/models", "get", 400, body) == []  # OpenAI's error shape
+    assert rss_kib(gateway) - before < 20 * 1024
+
+
+@pytest.mark.parametrize(
+    ("name", "raw"),
+    [
+        (
+            "Content-Length and Transfer-Encoding",
+            b"POST /azure/chat/completions?api-version=2024-05-01-preview HTTP/1.1\r\nhost: x\r\n"
+            b"content-length: 4\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n",
+        ),
+        (
+            "two Content-Lengths",
+            b"POST /azure/chat/completions?api-version=2024-05-01-preview HTTP/1.1\r\nhost: x\r\n"
+            b"content-length: 2\r\ncontent-length: 3\r\n\r\n{}",
+        ),
+        ("not HTTP", b"HELLO /azure/info\r\n\r\n"),
+    ],
+)
+def test_requests_the_parser_refuses_are_400_in_shape(gateway: GatewayProcess, name: str, raw: bytes):
+    status, body = status_and_body(exchange(gateway, raw))
+    assert status == 400, name
+    if body.get("status"):  # the path was read: Azure's own flat shape
+        assert body == {
+            "error": "Bad request",
+            "message": body["message"],
+            "status": 400,
+            "code": "BadRequest",
+        }
+    else:
+        assert body["error"]["code"] == "BadRequest"
+
+
+def test_headers_that_never_finish_are_408(gateway: GatewayProcess):
+    with socket.create_connection(address(gateway), timeout=10) as sock:
+        sock.sendall(b"GET /v1/models HTTP/1.1\r\nhost: x\r\n")
+        started = time.monotonic()
+        answer = sock.recv(65536)
+        assert LIMITS["header_timeout"] - 0.5 < time.monotonic() - started < LIMITS["header_timeout"] + 3
+    assert status_and_body(answer)[0] == 408
+
+
+def test_a_body_that_never_ends_is_408(gateway: GatewayProcess):
+    with socket.create_connection(address(gateway), timeout=10) as sock:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b'transfer-encoding: chunked\r\n\r\n5\r\n{"a":\r\n'
+        )
+        started = time.monotonic()
+        answer = sock.recv(65536)
+        assert time.monotonic() - started < LIMITS["body_timeout"] + 3
+    assert status_and_body(answer)[0] == 408
+
+
+def test_an_idle_connection_is_closed(gateway: GatewayProcess):
+    with socket.create_connection(address(gateway), timeout=10) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+        assert b"200 OK" in sock.recv(65536)
+        started = time.monotonic()
+        assert sock.recv(65536) == b""  # closed by the gateway
+        assert time.monotonic() - started < LIMITS["keepalive_timeout"] + 3
+
+
+def test_a_compressed_body_is_415(gateway: GatewayProcess):
+    answer = httpx.post(
+        f"{gateway.url}/v1/chat/completions",
+        content=b"\x1f\x8b\x08\x00",
+        headers={"content-type": "application/json", "content-encoding": "gzip"},
+    )
+    assert answer.status_code == 415
+    assert "uncompressed" in answer.json()["error"]["message"]
+
+
+def test_a_key_given_twice_is_400_naming_it(gateway: GatewayProcess):
+    raw = b'{"model": "echo", "messages": [{"role": "user", "content": "hi"}], "model": "other"}'
+    answer = httpx.post(
+        f"{gateway.url}/v1/chat/completions", content=raw, headers={"content-type": "application/json"}
+    )
+    assert answer.status_code == 400
+    assert "'model' twice" in answer.json()["error"]["message"]
+
+
+def test_deep_nesting_is_400(gateway: GatewayProcess):
+    deep: object = "bottom"
+    for _ in range(300):
+        deep = {"x": deep}
+    body = {"model": "echo", "messages": [{"role": "user", "content": "hi"}], "deep": deep}
+    answer = httpx.post(
+        f"{gateway.url}/v1/chat/completions", json=body, headers={"extra-parameters": "pass-through"}
+    )
+    assert answer.status_code == 400
+    assert "deeper than 64" in answer.json()["error"]["message"]
+
+
+SLOWLORIS = """
+import asyncio, sys
+async def loris(host, port, seconds):
+    try:
+        reader, writer = await asyncio.open_connection(host, port)
+    except OSError:
+        return "refused"
+    request = b"GET /v1/models HTTP/1.1\\r\\nhost: x\\r\\nx-slow: " + b"a" * 200
+    try:
+        for byte in request:
+            writer.write(bytes([byte]))
+            await writer.drain()
+            if reader.at_eof():
+                return "closed"
+            await asyncio.sleep(1)
+        return "held"
+    except OSError:
+        return "closed"
+    finally:
+        writer.close()
+async def main():
+    host, port, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    results = await asyncio.gather(*(loris(host, port, 0) for _ in range(count)))
+    print(results.count("closed"), results.count("held"), results.count("refused"))
+asyncio.run(main())
+"""
+
+
+def test_a_slowloris_does_not_slow_anyone_else(gateway: GatewayProcess, tmp_path: Path):
+    """500 connections sending their headers a byte a second: other clients are served as fast as
+    ever (p99 < 100 ms), memory stays within 20 %, and the slow ones are cut at the header timeout."""
+    before = rss_kib(gateway)
+    host, port = address(gateway)
+    loris = subprocess.Popen(
+        [sys.executable, "-c", SLOWLORIS, host, str(port), "500"], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        time.sleep(1)
+        latencies = []
+        with httpx.Client() as client:
+            ends = time.monotonic() + LIMITS["header_timeout"] + 1
+            while time.monotonic() < ends:
+                started = time.monotonic()
+                answer = client.post(
+                    f"{gateway.url}/v1/chat/completions",
+                    json={"model": "echo", "messages": [{"role": "user", "content": "hi"}]},
+                )
+                latencies.append(time.monotonic() - started)
+                assert answer.status_code == 200
+                time.sleep(0.02)
+        during = rss_kib(gateway)
+        output, _ = loris.communicate(timeout=60)
+    finally:
+        loris.kill()
+    latencies.sort()
+    p99 = latencies[int(len(latencies) * 0.99) - 1]
+    assert p99 < 0.1, f"p99 {p99 * 1000:.0f} ms over {len(latencies)} requests"
+    closed, held, refused = map(int, output.split())
+    assert closed == 500 and held == 0 and refused == 0, output
+    assert during < before * 1.2, (before, during)
