@@ -4,6 +4,7 @@ to send headers and body, idle connections, connections in all; and the connecti
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import subprocess
 import sys
@@ -36,10 +37,8 @@ def address(gateway: GatewayProcess) -> tuple[str, int]:
 def exchange(gateway: GatewayProcess, raw: bytes, timeout: float = 10) -> bytes:
     """Send raw bytes, read until the gateway closes (or the timeout)."""
     with socket.create_connection(address(gateway), timeout=timeout) as sock:
-        try:
+        with contextlib.suppress(OSError):  # it may close before reading everything: the point
             sock.sendall(raw)
-        except OSError:
-            pass  # it may close before it has read everything (that is the point)
         received = b""
         try:
             while chunk := sock.recv(65536):
