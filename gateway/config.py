@@ -161,6 +161,14 @@ class Key(Strict):
         return from_file(values, "sha256")
 
 
+class BreakerSettings(Strict):
+    """After `failures` failures in a row the store is not asked for `reset_after` seconds:
+    requests are admitted (fail-open) or refused (fail-closed) at once instead of waiting."""
+
+    failures: int = Field(default=3, ge=1)
+    reset_after: float = Field(default=5.0, gt=0)
+
+
 class RedisLimits(Strict):
     model_config = ConfigDict(json_schema_extra=one_of("url", "url_file"))
 
@@ -168,6 +176,8 @@ class RedisLimits(Strict):
     url_file: Path | None = Field(default=None, description="A file holding the URL instead.")
     on_error: Literal["fail-open", "fail-closed"] = "fail-closed"
     prefix: str = "chatgate:limits:"
+    timeout: float = Field(default=0.5, gt=0, description="seconds to wait for Redis on one call")
+    breaker: BreakerSettings = BreakerSettings()
 
     @model_validator(mode="before")
     @classmethod

@@ -9,14 +9,16 @@ refills continuously at capacity/60 per second, so exactly `capacity` requests f
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from gateway.config import Limits, RateLimiting
+from gateway.config import Limits, RateLimiting, RedisLimits
 from gateway.core.errors import ServiceUnavailable, TooManyRequests
+from gateway.policy.breaker import Breaker
 
 log = logging.getLogger("chatgate.limits")
 WINDOW_SECONDS = 60.0
@@ -206,34 +208,46 @@ return result
 
 
 class RedisLimiter:
-    def __init__(self, url: str, prefix: str, fail_open: bool) -> None:
+    def __init__(self, settings: RedisLimits) -> None:
         import redis.asyncio as redis
 
-        self.client = redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=1)
+        self.client = redis.Redis.from_url(
+            settings.url, socket_connect_timeout=settings.timeout, socket_timeout=settings.timeout
+        )
         self.script = self.client.register_script(TAKE_SCRIPT)
-        self.prefix = prefix
-        self.fail_open = fail_open
+        self.prefix = settings.prefix
+        self.fail_open = settings.on_error == "fail-open"
+        mode = "fail-open: admitting" if self.fail_open else "fail-closed: refusing"
+        self.breaker = Breaker(
+            f"rate-limit store ({mode} while it is away)",
+            settings.breaker.failures,
+            settings.breaker.reset_after,
+        )
         self.checked_at = -READY_CHECK_SECONDS
         self.answered = False
 
     async def run(self, mode: str, buckets: list[Bucket], costs: list[int]) -> list[bytes] | None:
+        """The script's answer; None when the store cannot answer and the gateway fails open."""
         import redis.exceptions
 
-        argv: list[str | int] = [mode]
-        for bucket, cost in zip(buckets, costs, strict=True):
-            argv += [bucket.capacity, cost]
-        try:
-            return await self.script(keys=[self.prefix + b.name for b in buckets], args=argv)
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as error:
-            if self.fail_open:
-                log.warning("rate-limit store unreachable, admitting (fail-open): %s", error)
-                return None
-            log.error("rate-limit store unreachable, refusing (fail-closed): %s", error)
-            raise ServiceUnavailable(
-                "The rate-limit store is unreachable; try again shortly.",
-                code="RateLimitStoreUnavailable",
-                headers={"Retry-After": "1"},
-            ) from None
+        if self.breaker.allows():
+            argv: list[str | int] = [mode]
+            for bucket, cost in zip(buckets, costs, strict=True):
+                argv += [bucket.capacity, cost]
+            try:
+                result = await self.script(keys=[self.prefix + b.name for b in buckets], args=argv)
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as error:
+                self.breaker.failed(error)
+            else:
+                self.breaker.succeeded()
+                return result
+        if self.fail_open:
+            return None
+        raise ServiceUnavailable(
+            "The rate-limit store is unreachable; try again shortly.",
+            code="RateLimitStoreUnavailable",
+            headers={"Retry-After": str(max(1, round(self.breaker.reset_after)))},
+        )
 
     async def take(self, buckets: list[Bucket], tokens: int) -> Verdict:
         costs = [cost_of(b, tokens) for b in buckets]
@@ -247,12 +261,18 @@ class RedisLimiter:
         return Verdict(False, buckets, levels, costs)
 
     async def charge(self, buckets: list[Bucket], tokens: int) -> None:
+        """Best effort: the answer is already made; a store that cannot count it now must not
+        turn it into an error (the breaker has logged the outage)."""
         token_buckets = [b for b in buckets if b.kind == "tokens"]
         if token_buckets and tokens:
-            await self.run("charge", token_buckets, [tokens] * len(token_buckets))
+            with contextlib.suppress(ServiceUnavailable):
+                await self.run("charge", token_buckets, [tokens] * len(token_buckets))
 
     async def reachable(self) -> bool:
-        """A PING, at most one a second however often /ready is asked."""
+        """A PING, at most one a second however often /ready is asked (none while the breaker
+        is open: the store is not answering)."""
+        if self.breaker.open:
+            return False
         now = time.monotonic()
         if now - self.checked_at >= READY_CHECK_SECONDS:
             self.checked_at = now
@@ -268,5 +288,5 @@ class RedisLimiter:
 
 def create_limiter(settings: RateLimiting) -> Limiter:
     if settings.store == "redis" and settings.redis is not None:
-        return RedisLimiter(settings.redis.url, settings.redis.prefix, settings.redis.on_error == "fail-open")
+        return RedisLimiter(settings.redis)
     return MemoryLimiter()
