@@ -1,4 +1,5 @@
-"""One JSON line per chat request on stdout (`chatgate serve`; `--no-access-log` turns it off).
+"""One JSON line per chat request on stdout (`chatgate serve`; `--no-access-log` turns it off),
+written by a thread of its own (gateway/log_sink.py): a stalled reader drops lines, not requests.
 
 No message content, never a key: the caller appears by its key's configured name. Written
 straight to the stream, not through `logging`: a LogRecord per request measured about 60 µs,
@@ -14,21 +15,26 @@ from typing import TextIO
 
 import orjson
 
+from gateway.log_sink import CAPACITY, LineSink
 from gateway.record import RequestRecord
 
 ENV = "CHATGATE_ACCESS_LOG"  # "1" under `chatgate serve` unless --no-access-log
 
 
 class AccessLog:
-    def __init__(self, stream: TextIO | None) -> None:
-        self.stream = stream  # None: off
+    def __init__(self, sink: LineSink | None) -> None:
+        self.sink = sink  # None: off
+
+    @classmethod
+    def to(cls, stream: TextIO | None, capacity: int = CAPACITY) -> AccessLog:
+        return cls(None if stream is None else LineSink(stream, capacity=capacity))
 
     @classmethod
     def from_environment(cls) -> AccessLog:
-        return cls(sys.stdout if os.environ.get(ENV) == "1" else None)
+        return cls.to(sys.stdout if os.environ.get(ENV) == "1" else None)
 
     def write(self, trace: RequestRecord, seconds: float) -> None:
-        if self.stream is None:
+        if self.sink is None:
             return
         record = {
             "ts": round(time.time(), 3),
@@ -48,5 +54,4 @@ class AccessLog:
             "retries": trace.retries,
             "error": trace.error_code or None,
         }
-        self.stream.write(orjson.dumps(record).decode() + "\n")
-        self.stream.flush()  # a line at a time, for whoever follows the log
+        self.sink.write_line(orjson.dumps(record).decode() + "\n")

@@ -264,6 +264,9 @@ class Server(Strict):
     )
     shutdown: Shutdown = Shutdown()
     clients: ClientLimits = ClientLimits()
+    log_buffer_lines: int = Field(
+        default=10_000, ge=1, description="log lines held while stdout or stderr is not read; then dropped"
+    )
 
 
 class Settings(Strict):

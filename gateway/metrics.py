@@ -77,6 +77,10 @@ class Metrics:
             "chatgate_replica_healthy", "1 when the replica is healthy, 0 while it is ejected.",
             ["deployment", "replica"], registry=registry, multiprocess_mode="livemin",
         )  # fmt: skip
+        self.log_lines_dropped = Counter(
+            "chatgate_log_lines_dropped", "Log lines dropped because their reader stopped reading.",
+            registry=registry,
+        )  # fmt: skip
         self.shown_health: dict[tuple[str, str], int] = {}
         self.children: dict[tuple[Any, ...], Any] = {}
 

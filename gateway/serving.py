@@ -127,15 +127,23 @@ def run_worker(options: ServeOptions, sock: socket.socket) -> int:
     from gateway.access_log import AccessLog
     from gateway.app import create_app, front_door_of
     from gateway.edge import EdgeProtocol
+    from gateway.log_sink import without_blocking
 
     logging.config.dictConfig(options.log_config)
     lifecycle = Lifecycle()
     settings = options.settings
+    access_log = AccessLog.to(sys.stdout if options.access_log else None, settings.server.log_buffer_lines)
     try:
-        app = create_app(settings, AccessLog(sys.stdout if options.access_log else None), lifecycle)
+        app = create_app(settings, access_log, lifecycle)
     except ConfigError as error:
         print(f"chatgate: {error}", file=sys.stderr, flush=True)
         return STARTUP_FAILURE
+    # no log line may wait on its reader: a stalled stdout or stderr drops lines, counted
+    dropped = front_door_of(app).metrics.log_lines_dropped.inc
+    if access_log.sink is not None:
+        access_log.sink.on_drop = dropped
+    loggers = [logging.getLogger(name) for name in ("", "uvicorn", "uvicorn.error", "uvicorn.access")]
+    without_blocking(loggers, dropped, settings.server.log_buffer_lines)
     edge = functools.partial(
         EdgeProtocol, limits=settings.server.clients, render_error=front_door_of(app).edge_error
     )
