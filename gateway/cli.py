@@ -153,6 +153,14 @@ def conformance(
     header: Annotated[
         list[str] | None, typer.Option(help="Another header for every request, 'Name: value' (repeat).")
     ] = None,
+    extra_fields: Annotated[
+        str,
+        typer.Option(
+            help="What to do with generated parameters the document does not define: strip them, "
+            "or keep them and send them with `extra-parameters: pass-through` or `drop`."
+        ),
+    ] = "strip",
+    seed: Annotated[int | None, typer.Option(help="Seed for the generated cases (a repeatable run).")] = None,
     refspecs: Annotated[
         Path | None,
         typer.Option(
@@ -174,7 +182,16 @@ def conformance(
         name, _, value = item.partition(":")
         headers[name.strip()] = value.strip()
     try:
-        report = run(url, dialect, max_examples, key=key, headers=headers, refspecs=refspecs)
+        report = run(
+            url,
+            dialect,
+            max_examples,
+            key=key,
+            headers=headers,
+            refspecs=refspecs,
+            extra_fields=extra_fields,
+            seed=seed,
+        )
     except ConformanceUnavailable as error:
         typer.echo(f"chatgate conformance: {error}", err=True)
         raise typer.Exit(2) from None

@@ -129,3 +129,16 @@ def test_unreachable_endpoint_is_a_clear_error():
     result = conformance(url, "--max-examples", "1")
     assert result.returncode == 2
     assert "cannot reach" in result.stderr
+
+
+@pytest.mark.parametrize("dialect, mount", [("azure", "/azure"), ("lmi", "/lmi")])
+def test_undefined_fields_mode_finds_no_server_error(chatgate: str, dialect: str, mount: str):
+    """--extra-fields pass-through keeps what schemathesis generates beyond the document (the class
+    of input that gave 500s) and sends it; a fixed --seed makes the run repeatable."""
+    args = ["--dialect", dialect, "--max-examples", "15", "--key", KEY, "--extra-fields", "pass-through"]
+    first = conformance(chatgate + mount, *args, "--seed", "4242")
+    assert "not_a_server_error" not in first.stdout, first.stdout
+    assert "Server error" not in first.stdout, first.stdout
+    again = conformance(chatgate + mount, *args, "--seed", "4242")
+    cases = [line for line in first.stdout.splitlines() if " cases " in line]
+    assert cases and cases == [line for line in again.stdout.splitlines() if " cases " in line]

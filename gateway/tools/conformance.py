@@ -4,8 +4,10 @@ report. schemathesis is a test dependency, so it is imported only here, when the
 
 The document tested is the dialect's own, from openapi/. Parameters a document does not define
 are governed by the gateway's extra-parameters policy (OpenAI and Azure themselves refuse them
-by default), so generated bodies carry only the parameters the document defines; the policy has
-its own tests.
+by default), so by default generated bodies carry only the parameters the document defines.
+`--extra-fields pass-through` (or `drop`) keeps the undefined properties schemathesis generates
+and sends them with that policy, to see how the endpoint treats what it does not define (any
+type, any depth); `--seed` makes a run repeatable.
 """
 
 from __future__ import annotations
@@ -167,10 +169,15 @@ DOCUMENTED_RULES: dict[str, Callable[[Body], Body]] = {
 }
 
 
-def shape_cases(dialect: str, document: dict[str, Any]) -> Callable[[Any, Any], Any]:
+EXTRA_FIELDS = ("strip", "pass-through", "drop")
+
+
+def shape_cases(
+    dialect: str, document: dict[str, Any], extra_fields: str = "strip"
+) -> Callable[[Any, Any], Any]:
     """A schemathesis `map_case` hook: bodies carry only the parameters the document defines (the
-    rest is the extra-parameters policy's business), and positive bodies follow the rules the
-    document states in prose."""
+    rest is the extra-parameters policy's business) unless `extra_fields` keeps them, and positive
+    bodies follow the rules the document states in prose."""
     from schemathesis.generation import GenerationMode
 
     fields = defined_body_fields(document)
@@ -180,7 +187,10 @@ def shape_cases(dialect: str, document: dict[str, Any]) -> Callable[[Any, Any], 
         defined = fields.get((case.operation.method.upper(), case.operation.path))
         if not defined or not isinstance(case.body, dict):
             return case
-        case.body = {k: v for k, v in case.body.items() if k in defined}
+        if extra_fields == "strip":
+            case.body = {k: v for k, v in case.body.items() if k in defined}
+        else:
+            case.headers = {**(case.headers or {}), "extra-parameters": extra_fields}
         positive = case.meta is None or case.meta.generation.mode == GenerationMode.POSITIVE
         if rules is not None and positive:
             case.body = rules(case.body)
@@ -190,7 +200,13 @@ def shape_cases(dialect: str, document: dict[str, Any]) -> Callable[[Any, Any], 
 
 
 def load_schema(
-    dialect: str, url: str, refspecs: Path | None, headers: dict[str, str], max_examples: int
+    dialect: str,
+    url: str,
+    refspecs: Path | None,
+    headers: dict[str, str],
+    max_examples: int,
+    extra_fields: str = "strip",
+    seed: int | None = None,
 ) -> Any:
     import schemathesis
     from schemathesis.config import SchemathesisConfig
@@ -209,8 +225,12 @@ def load_schema(
     schema = schemathesis.openapi.from_dict(document, config=config)
     schema.config.update(base_url=url.rstrip("/"), headers=headers or None)
     schema.config.checks.update(included_check_names=["all"])
-    schema.config.generation.update(max_examples=max_examples, deterministic=True)
-    schema.hook("map_case")(shape_cases(dialect, document))
+    if seed is None:
+        schema.config.generation.update(max_examples=max_examples, deterministic=True)
+    else:
+        schema.config.generation.update(max_examples=max_examples)
+        schema.config.seed = seed
+    schema.hook("map_case")(shape_cases(dialect, document, extra_fields))
     return schema
 
 
@@ -222,6 +242,8 @@ def run(
     headers: dict[str, str] | None = None,
     refspecs: Path | None = None,
     progress: Callable[[str], None] | None = None,
+    extra_fields: str = "strip",
+    seed: int | None = None,
 ) -> Report:
     """Run every schemathesis check and the vendor check against `url`, the base of the dialect's
     API (where its paths begin: chatgate's /v1, /azure, /aleph-alpha, /lmi or /v3)."""
@@ -231,6 +253,8 @@ def run(
         raise ConformanceUnavailable(MISSING) from error
     if dialect not in SPEC_FILES:
         raise ConformanceUnavailable(f"unknown dialect {dialect!r}; one of: {', '.join(SPEC_FILES)}")
+    if extra_fields not in EXTRA_FIELDS:
+        raise ConformanceUnavailable(f"--extra-fields {extra_fields!r}: one of {', '.join(EXTRA_FIELDS)}")
     reachable(url)
     register_checks()
     vendors = None
@@ -249,7 +273,13 @@ def run(
     if key:
         request_headers["Authorization"] = f"Bearer {key}"
     schema = load_schema(
-        dialect, url, vendors.refspecs_dir if vendors else None, request_headers, max_examples
+        dialect,
+        url,
+        vendors.refspecs_dir if vendors else None,
+        request_headers,
+        max_examples,
+        extra_fields,
+        seed,
     )
     report = Report(
         dialect=dialect,
