@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from backends import echo, local, openai_compatible, tgi
+from backends import echo, local, openai_compatible, tgi_options, tgi_tables
 from gateway.core.parameters import HANDLED as GATEWAY_HANDLED
 from gateway.core.parameters import canonical_name
 from gateway.dialects import DIALECTS
@@ -15,7 +15,7 @@ from gateway.spec import DialectSpec, load_document
 TABLES = {
     "echo": echo.EchoBackend.capabilities.parameters,
     "openai-compatible": openai_compatible.CAPABILITIES.parameters,
-    "tgi": tgi.parameter_table(tgi.TGIOptions(url="http://tgi:80")),
+    "tgi": tgi_tables.parameter_table(tgi_options.TGIOptions(url="http://tgi:80")),
     "local": local.parameter_table(context_length=4096),
 }
 
