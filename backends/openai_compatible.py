@@ -2,6 +2,7 @@
 OpenAI itself, or another chatgate): one keep-alive connection pool (backends.upstream_http),
 streamed chunks relayed as they arrive.
 
+The body sent upstream is the parameter table applied to the request (backends.base.mapped).
 Upstream failures become gateway errors. The upstream's 401/403 means the gateway's own
 credentials are wrong, so the client gets a 502 that says nothing about them.
 """
@@ -21,7 +22,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from backends import upstream_http
-from backends.base import Capabilities, Param, same_names
+from backends.base import Capabilities, Param, mapped, same_names
 from backends.upstream_http import ConnectError, PoolTimeout, Response, UpstreamError
 from gateway.core.canonical import (
     ChatRequest,
@@ -45,15 +46,17 @@ from gateway.core.errors import (
     UnprocessableContent,
 )
 from gateway.core.options import from_file
+from gateway.core.parameters import requested
 
 log = logging.getLogger("chatgate.backends.openai_compatible")
 
-# OpenAI's own parameters: forwarded under their own names.
+# OpenAI's own parameters: forwarded under their own names (max_tokens: as the deployment says).
+# The informational metadata, store and service_tier are the gateway's (parameters.HANDLED): dropped.
 OPENAI_PARAMETERS = same_names(
     "max_tokens", "stop", "n", "seed", "temperature", "top_p", "frequency_penalty",
     "presence_penalty", "logit_bias", "logprobs", "top_logprobs", "response_format", "tools",
-    "tool_choice", "user", "parallel_tool_calls", "modalities", "audio", "metadata", "prediction",
-    "reasoning_effort", "service_tier", "store",
+    "tool_choice", "user", "parallel_tool_calls", "modalities", "audio", "prediction",
+    "reasoning_effort",
 )  # fmt: skip
 SERVER_EXTRA_NOTE = "forwarded as is; vLLM, SGLang and OVMS take it, OpenAI answers 400"
 # Sampling extras of the open-source servers (the dialects' `options`): forwarded as is.
@@ -196,30 +199,12 @@ class OpenAICompatibleBackend:
     # ----- request ------------------------------------------------------------------------
 
     def upstream_body(self, request: ChatRequest) -> dict[str, Any]:
+        """The request's parameters by the table, and the extra parameters the policy let through."""
         body: dict[str, Any] = {"model": self.upstream_model, "messages": request.messages}
         if request.stream:
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}  # so usage is always known
-        if request.max_tokens is not None:
-            body[self.options.max_tokens_parameter] = request.max_tokens
-        if request.stop:
-            body["stop"] = request.stop
-        if request.n != 1:
-            body["n"] = request.n
-        for name in (
-            "seed", "temperature", "top_p", "frequency_penalty", "presence_penalty", "logit_bias",
-            "response_format", "tool_choice", "user",
-        ):  # fmt: skip
-            value = getattr(request, name)
-            if value is not None:
-                body[name] = value
-        if request.logprobs:
-            body["logprobs"] = True
-            if request.top_logprobs:
-                body["top_logprobs"] = request.top_logprobs
-        if request.tools:
-            body["tools"] = request.tools
-        body.update(request.options)
+        body.update(mapped(self.capabilities.parameters, requested(request)))
         body.update(request.extra)
         return body
 

@@ -20,9 +20,9 @@ Which TGI route serves a request, and why:
 Both routes are streamed upstream even when the client did not ask for a stream: the events are the
 same either way, tokens are relayed as they arrive, and usage comes with the last token.
 
-Mapping details that keep the client's meaning (the parameter table is in backends.tgi_tables;
-the route is planned in backends.tgi_request, TGI's tokens become events in backends.tgi_events,
-its failures gateway errors in backends.tgi_errors):
+Mapping details that keep the client's meaning (how each parameter is sent is a table per route
+in backends.tgi_tables; the route is planned in backends.tgi_request, TGI's tokens become events in
+backends.tgi_events, its failures gateway errors in backends.tgi_errors):
 
 * TGI keeps a matched stop string in the output; the dialects here expect it cut. Only text that
   could begin a stop string is held back, and the match is cut at the end (unless the request says
@@ -50,12 +50,12 @@ import httpx2
 from huggingface_hub import AsyncInferenceClient
 from pydantic import ValidationError
 
-from backends.base import Capabilities
+from backends.base import Capabilities, mapped
 from backends.tgi_errors import error_body, error_for_response, read_error_body, translated_errors
 from backends.tgi_events import ChoiceEvents, ChoiceUsage, finish_reason
 from backends.tgi_options import TGIOptions
-from backends.tgi_request import Plan, plan_request, sampling
-from backends.tgi_tables import parameter_table
+from backends.tgi_request import Plan, plan_request
+from backends.tgi_tables import RouteTables
 from gateway.core.canonical import ChatRequest, Event, Usage
 from gateway.core.errors import BadGateway, UnprocessableContent
 from gateway.core.options import ConfigError, describe
@@ -73,7 +73,8 @@ class TGIBackend:
         except ValidationError as error:
             raise ConfigError(f"tgi backend options: {describe(error)}") from None
         self.model = model
-        self.parameters = parameter_table(self.options)
+        self.tables = RouteTables.of(self.options)
+        self.parameters = self.tables.taken()
         self.capabilities = Capabilities(
             modalities=self.options.modalities,
             parameters=self.parameters,
@@ -129,7 +130,7 @@ class TGIBackend:
     # ----- generation ----------------------------------------------------------------------
 
     async def generate(self, request: ChatRequest) -> AsyncIterator[Event]:
-        plan = plan_request(request, self.options)
+        plan = plan_request(request, self.tables)
         usages = [ChoiceUsage() for _ in range(request.n)]
         prompt = await self.templated_prompt(plan) if plan.route == "generate" else None
         streams = [self.choice(i, request, plan, prompt, usages[i]) for i in range(request.n)]
@@ -148,15 +149,17 @@ class TGIBackend:
     def choice(
         self, index: int, request: ChatRequest, plan: Plan, prompt: str | None, usage: ChoiceUsage
     ) -> AsyncIterator[Event]:
-        seed = None if request.seed is None else request.seed + index
+        values = plan.values if request.seed is None else {**plan.values, "seed": request.seed + index}
         if plan.route == "generate":
             assert prompt is not None
-            return self.generate_api_choice(index, request, plan, prompt, seed, usage)
-        return self.messages_api_choice(index, request, plan, seed, usage)
+            arguments = mapped(self.tables.generate, values)
+            return self.generate_api_choice(index, request, prompt, arguments, usage)
+        return self.messages_api_choice(index, request, plan, mapped(self.tables.messages, values), usage)
 
     async def messages_api_choice(
-        self, index: int, request: ChatRequest, plan: Plan, seed: int | None, usage: ChoiceUsage
+        self, index: int, request: ChatRequest, plan: Plan, arguments: dict[str, Any], usage: ChoiceUsage
     ) -> AsyncIterator[Event]:
+        """One choice from the Messages API; `arguments`: the request's parameters by its table."""
         events = ChoiceEvents(index, request)
         with translated_errors():
             async with self.inference_client() as client:
@@ -165,17 +168,8 @@ class TGIBackend:
                     model=self.options.adapter_id or BASE_MODEL,
                     stream=True,
                     stream_options={"include_usage": True},
-                    max_tokens=request.max_tokens,
-                    stop=request.stop or None,
-                    seed=seed,
-                    frequency_penalty=request.frequency_penalty,
-                    logprobs=True if request.logprobs else None,
-                    top_logprobs=request.top_logprobs if request.logprobs else None,
-                    response_format=plan.grammar,
-                    tools=plan.tools,
-                    tool_choice=plan.tool_choice,
                     extra_body=plan.extra_body or None,
-                    **sampling(request),
+                    **arguments,
                 )
                 try:
                     async for chunk in stream:
@@ -216,34 +210,20 @@ class TGIBackend:
         return out
 
     async def generate_api_choice(
-        self,
-        index: int,
-        request: ChatRequest,
-        plan: Plan,
-        prompt: str,
-        seed: int | None,
-        usage: ChoiceUsage,
+        self, index: int, request: ChatRequest, prompt: str, arguments: dict[str, Any], usage: ChoiceUsage
     ) -> AsyncIterator[Event]:
+        """One choice from the generate API; `arguments`: the request's parameters by its table."""
         events = ChoiceEvents(index, request)
-        params = sampling(request)
-        greedy = request.temperature == 0
         with translated_errors():
             async with self.inference_client() as client:
                 stream = await client.text_generation(
                     prompt,
                     stream=True,
                     details=True,
-                    max_new_tokens=request.max_tokens,
-                    stop=request.stop or None,
-                    seed=seed,
-                    do_sample=not greedy,
-                    temperature=None if greedy else params["temperature"],
-                    top_p=params["top_p"],
-                    frequency_penalty=request.frequency_penalty,
-                    top_n_tokens=request.top_logprobs if request.logprobs and request.top_logprobs else None,
-                    grammar=plan.grammar,
+                    # TGI decodes greedily unless told to sample: temperature 0 is how a request says greedy
+                    do_sample=request.temperature != 0,
                     adapter_id=self.options.adapter_id,
-                    **plan.knobs,
+                    **arguments,
                 )
                 async for item in stream:
                     usage.tokens_seen += 1

@@ -1,5 +1,10 @@
-"""The canonical request → TGI's: which route serves it, and its messages, tools, grammar and
-sampling parameters in TGI's shape."""
+"""The canonical request → TGI's: which route serves it, its messages in TGI's shape, and the
+canonical parameters that route's table (backends.tgi_tables) maps.
+
+The route: the Messages API unless the request sets a parameter only the generate API has
+(`RouteTables.generate_only`), or the deployment's `use_messages_api` fixes it. Tools need the
+Messages API, so tools beside a generate-only parameter are refused (422 naming it).
+"""
 
 from __future__ import annotations
 
@@ -8,12 +13,10 @@ from typing import Any, Literal
 
 import orjson
 
-from backends.tgi_options import TGIOptions
+from backends.tgi_tables import RouteTables, grammar_for
 from gateway.core.canonical import ChatRequest
 from gateway.core.errors import UnprocessableContent
-
-# Generate-API parameters the Messages API lacks: setting one routes the request to the generate API.
-GENERATE_ONLY = ("top_k", "typical_p", "repetition_penalty", "truncate", "watermark")
+from gateway.core.parameters import requested
 
 
 def tgi_content(content: Any) -> str | list[dict[str, Any]]:
@@ -80,110 +83,73 @@ def tgi_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return converted
 
 
-def tgi_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """OpenAI tools → TGI's (its FunctionDefinition calls the JSON schema `arguments`)."""
-    converted = []
-    for tool in tools:
-        function = tool.get("function") or {}
-        definition = {
-            "name": function["name"],
-            "arguments": function.get("parameters") or {"type": "object", "properties": {}},
-        }
-        if function.get("description"):
-            definition["description"] = function["description"]
-        converted.append({"type": "function", "function": definition})
-    return converted
-
-
-def grammar_for(response_format: dict[str, Any] | None) -> dict[str, Any] | None:
-    """response_format → TGI's grammar `{type: json, value: schema}` (None for text)."""
-    kind = (response_format or {}).get("type", "text")
-    if kind == "json_object":
-        return {"type": "json", "value": {"type": "object"}}
-    if kind == "json_schema":
-        schema = ((response_format or {}).get("json_schema") or {}).get("schema")
-        return {"type": "json", "value": schema or {"type": "object"}}
-    return None
-
-
-def generate_knobs(request: ChatRequest) -> dict[str, Any]:
-    """The generate-only parameters this request sets, with "off" values (top_k 0, typical_p 1) left out."""
-    knobs = {}
-    for name in GENERATE_ONLY:
-        value = request.options.get(name, request.extra.get(name))
-        if value is None or (name == "top_k" and value == 0) or (name == "typical_p" and value >= 1):
-            continue
-        knobs[name] = value
-    return knobs
-
-
 @dataclass(slots=True)
 class Plan:
-    """How one request goes to TGI: which route, and the TGI-shaped pieces of the body."""
+    """How one request goes to TGI: the route, TGI's messages, and what the route's table maps."""
 
     route: Literal["messages", "generate"]
     messages: list[dict[str, Any]]
-    grammar: dict[str, Any] | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Any = None
-    knobs: dict[str, Any] = field(default_factory=dict)
-    extra_body: dict[str, Any] = field(default_factory=dict)
+    values: dict[str, Any]  # canonical parameters for the route's table (choice i: seed + i)
+    knobs: dict[str, Any] = field(default_factory=dict)  # the generate-only ones that picked the route
+    extra_body: dict[str, Any] = field(default_factory=dict)  # extra parameters for the Messages API
 
 
-def plan_request(request: ChatRequest, options: TGIOptions) -> Plan:
+def refuse(message: str, name: str, value: Any) -> UnprocessableContent:
+    return UnprocessableContent(message, param=name, loc=["body", name], value=value)
+
+
+def plan_request(request: ChatRequest, tables: RouteTables) -> Plan:
     """Route and shape one request; the policy layer has already refused what the table lacks."""
-    uses_tools = bool(request.tools) and request.tool_choice != "none"
-    grammar = grammar_for(request.response_format)
-    if uses_tools and grammar is not None:
-        raise UnprocessableContent(
+    generate_only = tables.generate_only
+    # a generate-only parameter may come as an extra parameter too (OpenAI's clients have no top_k)
+    values = {
+        **{k: v for k, v in request.extra.items() if k in generate_only},
+        **requested(request),
+    }
+    uses_tools = "tools" in values and request.tool_choice != "none"
+    if not uses_tools:  # tool_choice "none": TGI is sent no tools at all
+        values.pop("tools", None)
+        values.pop("tool_choice", None)
+    if uses_tools and grammar_for(request.response_format) is not None:
+        raise refuse(
             "TGI takes response_format or tools in one request, not both.",
-            param="response_format",
-            loc=["body", "response_format"],
-            value=request.response_format,
+            "response_format",
+            request.response_format,
         )
-    knobs = generate_knobs(request)
-    extra = {k: v for k, v in request.extra.items() if k not in GENERATE_ONLY}
-    mode = options.use_messages_api
+    knobs = {
+        name: values[name]
+        for name in generate_only
+        if name in values and tables.generate[name].converted(values[name]) is not None
+    }
+    extra = {k: v for k, v in request.extra.items() if k not in generate_only}
+    mode = tables.use_messages_api
     to_generate = mode is False or (mode == "auto" and bool(knobs))
-    route: Literal["messages", "generate"] = "generate" if to_generate else "messages"
-    if route == "messages" and knobs:
-        name = next(iter(knobs))
+    if not to_generate:
+        if knobs:
+            name = next(iter(knobs))
+            raise refuse(
+                f"'{name}' needs TGI's generate API, and this deployment uses its Messages API only.",
+                name, knobs[name],
+            )  # fmt: skip
+        # what is left of the generate-only parameters means "off"
+        values = {k: v for k, v in values.items() if k not in generate_only}
+        return Plan("messages", tgi_messages(request.messages), values, extra_body=extra)
+    because = next(iter(knobs), "use_messages_api: false")
+    if uses_tools and mode is False:
         raise UnprocessableContent(
-            f"'{name}' needs TGI's generate API, and this deployment uses its Messages API only.",
-            param=name, loc=["body", name], value=knobs[name],
+            "Tools need TGI's Messages API, and this deployment uses its generate API only.",
+            param="tools", loc=["body", "tools"], value=None,
         )  # fmt: skip
-    if route == "generate":
-        because = next(iter(knobs), "use_messages_api: false")
-        if uses_tools and mode is False:
-            raise UnprocessableContent(
-                "Tools need TGI's Messages API, and this deployment uses its generate API only.",
-                param="tools", loc=["body", "tools"], value=None,
-            )  # fmt: skip
-        if uses_tools:
-            raise UnprocessableContent(
-                f"'{because}' needs TGI's generate API and tools need its Messages API: "
-                "a request can have one or the other.",
-                param=because, loc=["body", because], value=knobs[because],
-            )  # fmt: skip
-        if extra:
-            name = next(iter(extra))
-            raise UnprocessableContent(
-                f"'{name}' cannot be passed to TGI's generate API, which this request needs "
-                f"for '{because}'.",
-                param=name, loc=["body", name], value=extra[name],
-            )  # fmt: skip
-    return Plan(
-        route=route,
-        messages=tgi_messages(request.messages),
-        grammar=grammar,
-        tools=tgi_tools(request.tools) if uses_tools else None,
-        tool_choice=request.tool_choice if uses_tools else None,
-        knobs=knobs,
-        extra_body=extra,
-    )
-
-
-def sampling(request: ChatRequest) -> dict[str, Any]:
-    """temperature / top_p as TGI takes them: 0 → greedy, top_p ≥ 1 → not sent."""
-    top_p = request.top_p if request.top_p is not None and request.top_p < 1 else None
-    return {"temperature": request.temperature, "top_p": top_p}
+    if uses_tools:
+        raise refuse(
+            f"'{because}' needs TGI's generate API and tools need its Messages API: "
+            "a request can have one or the other.",
+            because, knobs[because],
+        )  # fmt: skip
+    if extra:
+        name = next(iter(extra))
+        raise refuse(
+            f"'{name}' cannot be passed to TGI's generate API, which this request needs for '{because}'.",
+            name, extra[name],
+        )  # fmt: skip
+    return Plan("generate", tgi_messages(request.messages), values, knobs)
