@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, DirectoryPath, Field, ValidationErro
 
 from backends.base import Capabilities
 from backends.local_sampling import MAX_N, MAX_TOP_LOGPROBS, Sampling, parameter_table, sampling_for
+from backends.stop_strings import held_back
 from gateway.core.canonical import ChatRequest, Event, Finish, TextDelta, TokenLogprob, TopLogprob, Usage
 from gateway.core.errors import BadRequest, GatewayError, InternalError, NotFound, ServiceUnavailable
 from gateway.core.options import describe
@@ -156,17 +157,9 @@ class TextAssembler:
         if matches:
             at, length = min(matches)
             return self.pending[: at + length if self.include_stop else at], True
-        held = max((self.stop_prefix_length(s) for s in self.stops), default=0)
-        ready = self.pending[: len(self.pending) - held]
+        ready = self.pending[: len(self.pending) - held_back(self.pending, self.stops)]
         self.pending = self.pending[len(ready) :]
         return ready, False
-
-    def stop_prefix_length(self, stop: str) -> int:
-        """The length of the longest end of `pending` that begins `stop`."""
-        for length in range(min(len(stop) - 1, len(self.pending)), 0, -1):
-            if self.pending.endswith(stop[:length]):
-                return length
-        return 0
 
     def flush(self) -> str:
         """Everything still held, at the end of generation (a trailing partial character included)."""

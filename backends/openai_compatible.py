@@ -2,9 +2,8 @@
 OpenAI itself, or another chatgate): one keep-alive connection pool (backends.upstream_http),
 streamed chunks relayed as they arrive.
 
-The body sent upstream is the parameter table applied to the request (backends.base.mapped).
-Upstream failures become gateway errors. The upstream's 401/403 means the gateway's own
-credentials are wrong, so the client gets a 502 that says nothing about them.
+The body sent upstream is the parameter table applied to the request (backends.base.mapped);
+upstream failures become gateway errors by UPSTREAM_STATUSES (backends.upstream_status).
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, m
 from backends import upstream_http
 from backends.base import Capabilities, Param, mapped, same_names
 from backends.upstream_http import ConnectError, PoolTimeout, Response, UpstreamError
+from backends.upstream_status import CREDENTIALS, Answer, StatusTable, UpstreamFailure, status_error
 from gateway.core.canonical import (
     ChatRequest,
     Event,
@@ -78,6 +78,21 @@ CAPABILITIES = Capabilities(
     max_n=128,
     max_top_logprobs=20,
     context_length=1 << 20,  # the upstream enforces its own context length
+)
+
+# The upstream's error status → the client's: its own message, and the parameter it names.
+UPSTREAM_STATUSES = StatusTable(
+    "The upstream model server",
+    {
+        400: Answer(BadRequest, names_param=True, points_at_param=True),
+        401: CREDENTIALS,
+        403: CREDENTIALS,
+        404: Answer(NotFound, names_param=True),
+        422: Answer(UnprocessableContent, names_param=True, points_at_param=True),
+        429: Answer(TooManyRequests, keeps_retry_after=True),
+        "4xx": Answer(BadRequest, names_param=True),
+        "5xx": Answer(BadGateway, "{upstream} failed ({status}): {message}"),
+    },
 )
 
 FINISH_REASONS: dict[str, FinishReason] = {
@@ -345,22 +360,12 @@ class OpenAICompatibleBackend:
     def status_error(self, status: int, raw: bytes, headers: Mapping[str, str]) -> GatewayError:
         """An upstream error response, as the gateway error the client gets."""
         message, param = error_message(raw)
-        if status in (401, 403):
+        if UPSTREAM_STATUSES.answers.get(status) is CREDENTIALS:
             log.error("upstream %s refused the gateway's credentials (%d)", self.options.base_url, status)
-            return BadGateway(f"The upstream model server refused the gateway's credentials ({status}).")
-        log.info("upstream %s answered %d: %s", self.options.base_url, status, message)
-        if status == 400:
-            return BadRequest(message, param=param, loc=["body", param] if param else None)
-        if status == 404:
-            return NotFound(message, param=param)
-        if status == 422:
-            return UnprocessableContent(message, param=param, loc=["body", param] if param else None)
-        if status == 429:
-            retry_after = headers.get("retry-after")
-            return TooManyRequests(message, headers={"Retry-After": retry_after} if retry_after else None)
-        if status >= 500:
-            return BadGateway(f"The upstream model server failed ({status}): {message}")
-        return BadRequest(message, param=param)
+        else:
+            log.info("upstream %s answered %d: %s", self.options.base_url, status, message)
+        failure = UpstreamFailure(status, message, param, headers.get("retry-after"))
+        return status_error(UPSTREAM_STATUSES, failure)
 
 
 # ----- the stream ---------------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""TGI's failures → gateway errors: its error answers by status and error_type, huggingface_hub's
-exceptions by what they say about them, connections by what broke."""
+"""TGI's failures → gateway errors: its error answers by STATUSES (backends.upstream_status),
+huggingface_hub's exceptions by what they say about them, connections by what broke."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from huggingface_hub.errors import (
 )
 from huggingface_hub.errors import ValidationError as TGIValidationError
 
+from backends.upstream_status import CREDENTIALS, Answer, StatusTable, UpstreamFailure, status_error
 from gateway.core.errors import (
     BadGateway,
     GatewayError,
@@ -28,6 +29,34 @@ from gateway.core.errors import (
     UnprocessableContent,
 )
 
+TIMED_OUT = Answer(GatewayTimeout, "TGI timed out: {message}")
+ANSWERED = Answer(BadGateway, "TGI answered HTTP {status}: {message}")
+STATUSES = StatusTable(
+    "TGI",
+    {
+        401: CREDENTIALS,
+        403: CREDENTIALS,
+        408: TIMED_OUT,
+        413: Answer(PayloadTooLarge, "TGI refused the request as too large: {message}"),
+        422: Answer(
+            UnprocessableContent,
+            "TGI refused the request: {message}",
+            names_param=True,
+            points_at_param=True,
+            code="UpstreamValidationError",
+        ),
+        424: Answer(BadGateway, "TGI failed during generation: {message}"),
+        429: Answer(
+            TooManyRequests, "TGI is overloaded: {message}", keeps_retry_after=True, retry_after_default="1"
+        ),
+        503: Answer(ServiceUnavailable, "TGI is unavailable: {message}"),
+        504: TIMED_OUT,
+        "4xx": ANSWERED,
+        "5xx": ANSWERED,
+    },
+)
+# TGI's error_type, when it sends one, says which of its statuses the error is.
+ERROR_TYPE_STATUS = {"validation": 422, "overloaded": 429, "generation": 424}
 # TGI's parameter names in its validation messages → the canonical names clients sent.
 CANONICAL_NAMES = {
     "max_new_tokens": "max_tokens",
@@ -37,27 +66,24 @@ CANONICAL_NAMES = {
     "best_of": "n",
 }
 BACKTICKED = re.compile(r"`(\w+)`")
-RETRY_AFTER_SECONDS = "1"
 
 
-def unprocessable(message: str) -> UnprocessableContent:
-    """TGI's 422, with the parameter named when TGI's message names one (`like_this`)."""
+def named_parameter(message: str) -> str | None:
+    """The parameter a TGI validation message names (`like_this`), by its canonical name."""
     named = BACKTICKED.search(message)
-    param = CANONICAL_NAMES.get(named.group(1), named.group(1)) if named else None
-    if param is None and message.lower().startswith(("template error", "tool error")):
-        param = "messages" if message.lower().startswith("template") else "tools"
-    return UnprocessableContent(
-        f"TGI refused the request: {message}",
-        param=param,
-        loc=["body", param] if param else None,
-        code="UpstreamValidationError",
-    )
+    if named:
+        return CANONICAL_NAMES.get(named.group(1), named.group(1))
+    if message.lower().startswith("template error"):
+        return "messages"
+    if message.lower().startswith("tool error"):
+        return "tools"
+    return None
 
 
-def overloaded(message: str, retry_after: str | None) -> TooManyRequests:
-    return TooManyRequests(
-        f"TGI is overloaded: {message}", headers={"Retry-After": retry_after or RETRY_AFTER_SECONDS}
-    )
+def tgi_error(status: int, message: str, retry_after: str | None = None) -> GatewayError:
+    """The gateway error for one of TGI's error answers."""
+    param = named_parameter(message) if status == 422 else None
+    return status_error(STATUSES, UpstreamFailure(status, message, param, retry_after))
 
 
 def error_body(response: httpx2.Response) -> tuple[str, str | None]:
@@ -72,21 +98,9 @@ def error_body(response: httpx2.Response) -> tuple[str, str | None]:
 
 
 def error_for_response(response: httpx2.Response) -> GatewayError:
-    status = response.status_code
     message, error_type = error_body(response)
-    if status == 422 or error_type == "validation":
-        return unprocessable(message)
-    if status == 429 or error_type == "overloaded":
-        return overloaded(message, response.headers.get("retry-after"))
-    if status == 413:
-        return PayloadTooLarge(f"TGI refused the request as too large: {message}")
-    if status == 503:
-        return ServiceUnavailable(f"TGI is unavailable: {message}")
-    if status in (408, 504):
-        return GatewayTimeout(f"TGI timed out: {message}")
-    if status == 424 or error_type == "generation":
-        return BadGateway(f"TGI failed during generation: {message}")
-    return BadGateway(f"TGI answered HTTP {status}: {message}")
+    status = ERROR_TYPE_STATUS.get(error_type or "", response.status_code)
+    return tgi_error(status, message, response.headers.get("retry-after"))
 
 
 def upstream_error(error: Exception) -> GatewayError:
@@ -95,12 +109,13 @@ def upstream_error(error: Exception) -> GatewayError:
     response = getattr(cause, "response", None) if isinstance(cause, HfHubHTTPError) else None
     match error:
         case TGIValidationError():
-            return unprocessable(str(error))
+            return tgi_error(422, str(error))
         case OverloadedError():
-            retry_after = response.headers.get("retry-after") if response is not None else None
-            return overloaded(str(error), retry_after)
+            return tgi_error(
+                429, str(error), response.headers.get("retry-after") if response is not None else None
+            )
         case GenerationError() | IncompleteGenerationError():
-            return BadGateway(f"TGI failed during generation: {error}")
+            return tgi_error(424, str(error))
         case TextGenerationError():
             if response is not None:
                 return error_for_response(response)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import orjson
 
+from backends.stop_strings import held_back
 from gateway.core.canonical import (
     ChatRequest,
     Event,
@@ -38,7 +39,6 @@ class StopTrimmer:
 
     def __init__(self, stops: list[str]) -> None:
         self.stops = [s for s in stops if s]
-        self.longest = max(map(len, self.stops), default=0)
         self.held: list[Piece] = []
 
     def push(self, piece: Piece) -> list[Piece]:
@@ -46,20 +46,12 @@ class StopTrimmer:
             return [piece]
         self.held.append(piece)
         text = "".join(t for t, _ in self.held)
-        keep_from = self.partial_match_start(text)
+        keep_from = len(text) - held_back(text, self.stops)
         released, position = [], 0
         while self.held and position + len(self.held[0][0]) <= keep_from:
             position += len(self.held[0][0])
             released.append(self.held.pop(0))
         return released
-
-    def partial_match_start(self, text: str) -> int:
-        """Where the earliest suffix of `text` that begins a stop string starts (len(text) if none)."""
-        for start in range(max(0, len(text) - self.longest), len(text)):
-            tail = text[start:]
-            if any(stop.startswith(tail) for stop in self.stops):
-                return start
-        return len(text)
 
     def ends_with_stop(self) -> bool:
         text = "".join(t for t, _ in self.held)
