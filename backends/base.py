@@ -1,31 +1,63 @@
-"""The Backend interface: declared capabilities plus an async generator of canonical events."""
+"""The Backend interface: declared capabilities plus an async generator of canonical events.
+
+A backend's parameter table (canonical name → `Param`) is both what the policy checks and the
+mapping `mapped` applies to build what the backend sends, so the two cannot disagree.
+"""
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gateway.core.canonical import ChatRequest, EventStream
+from gateway.core.errors import UnprocessableContent
+
+Transform = Callable[[Any], Any]
 
 
 @dataclass(frozen=True, slots=True)
 class Param:
-    """How a backend takes one canonical parameter: its own name for it and the range it accepts.
+    """How a backend takes one canonical parameter: the name it sends it under, the range it
+    accepts and how the value is converted; or why it takes it without sending it; or why it
+    cannot take it. Tables of these are the mapping `mapped` applies and the policy checks.
 
-    `target=None` means the backend cannot honour it: a request that sets it gets a 422.
+    - `target` set: sent under that name, the value converted by `transform` (a transform that
+      returns None means "not sent", e.g. a value that means "off");
+    - `target` None: taken but not sent, the backend handles it itself (`note` says how);
+    - `supported` False: a request that sets it gets a 422 (`note` says why).
     """
 
     target: str | None
     minimum: float | None = None
     maximum: float | None = None
     note: str = ""
+    transform: Transform | None = None
+    supported: bool = True
 
-    @property
-    def supported(self) -> bool:
-        return self.target is not None
+    def __post_init__(self) -> None:
+        if self.target is None and not self.note:
+            raise ValueError("a parameter that is not sent needs a note saying why")
+        if self.transform is not None and self.target is None:
+            raise ValueError("a transform needs a target to send its value under")
+
+    def converted(self, value: Any) -> Any:
+        """The value as the backend sends it; None: not sent."""
+        if self.target is None:
+            return None
+        return value if self.transform is None else self.transform(value)
+
+
+def taken(note: str, minimum: float | None = None, maximum: float | None = None) -> Param:
+    """A parameter the backend honours itself, without sending it on (`note` says how)."""
+    return Param(None, minimum, maximum, note)
+
+
+def refused(note: str) -> Param:
+    """A parameter the backend cannot honour: a request that sets it gets a 422."""
+    return Param(None, note=note, supported=False)
 
 
 def same_names(*names: str) -> dict[str, Param]:
@@ -35,7 +67,31 @@ def same_names(*names: str) -> dict[str, Param]:
 
 def unsupported(note: str, *names: str) -> dict[str, Param]:
     """Table entries for parameters a backend cannot honour (a request setting one gets 422)."""
-    return {name: Param(None, note=note) for name in names}
+    return {name: refused(note) for name in names}
+
+
+def mapped(table: Mapping[str, Param], values: Mapping[str, Any]) -> dict[str, Any]:
+    """The requested canonical parameters (`gateway.core.parameters.requested`) under the
+    backend's names, with its values; parameters it takes without sending are left out.
+
+    The policy has refused what the table lacks; one that still arrives here is refused the same way.
+    """
+    sent: dict[str, Any] = {}
+    for name, value in values.items():
+        param = table.get(name)
+        if param is None or not param.supported:
+            why = param.note if param is not None else "not in this backend's parameter table"
+            raise UnprocessableContent(
+                f"The model does not support this parameter: {why} (parameter '{name}').",
+                param=name,
+                loc=["body", name],
+                value=value,
+                code="UnsupportedParameter",
+            )
+        converted = param.converted(value)
+        if param.target is not None and converted is not None:
+            sent[param.target] = converted
+    return sent
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict
 
-from backends.base import Capabilities, same_names
+from backends.base import Capabilities, Param, taken
 from gateway.core.canonical import (
     ChatRequest,
     Event,
@@ -29,13 +29,18 @@ from gateway.core.canonical import (
     TopLogprob,
     Usage,
 )
-from gateway.core.parameters import GENERATION_OPTIONS
+from gateway.core.parameters import CATALOGUE
 
-CANONICAL_PARAMETERS = (
-    "max_tokens", "stop", "n", "seed", "logprobs", "top_logprobs", "temperature", "top_p",
-    "frequency_penalty", "presence_penalty", "logit_bias", "tools", "tool_choice",
-    "response_format", "user",
-)  # fmt: skip
+# The parameters that shape the echo; every other one a request can set is accepted and ignored.
+SHAPING = frozenset(
+    {"max_tokens", "stop", "n", "seed", "logprobs", "top_logprobs", "response_format", "tools", "tool_choice"}
+)
+# Every parameter of the catalogue that the gateway does not handle itself, none sent anywhere.
+PARAMETERS: dict[str, Param] = {
+    p.name: taken("shapes the echo" if p.name in SHAPING else "accepted and ignored: echo is not a model")
+    for p in CATALOGUE
+    if not p.handled
+}
 PREFIX = "[chatgate echo backend, not a language model] You said:"
 TOKEN = re.compile(r"\s*\S+|\s+")
 MESSAGE_OVERHEAD_TOKENS = 3  # role and separators, as chat templates add them
@@ -161,7 +166,7 @@ class EchoBackend:
         modalities=frozenset({"text", "image", "audio"}),
         # Echo honours the shape-giving parameters and accepts every sampling one (it does
         # not sample), so that every dialect's parameters can be exercised end to end.
-        parameters=same_names(*CANONICAL_PARAMETERS, *GENERATION_OPTIONS),
+        parameters=PARAMETERS,
         response_formats=frozenset({"text", "json_object", "json_schema"}),
         max_n=128,
         max_top_logprobs=20,

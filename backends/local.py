@@ -35,16 +35,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, DirectoryPath, Field, ValidationError
 
-from backends.base import Capabilities, Param, unsupported
+from backends.base import Capabilities
+from backends.local_sampling import MAX_N, MAX_TOP_LOGPROBS, Sampling, parameter_table, sampling_for
+from backends.stop_strings import held_back
 from gateway.core.canonical import ChatRequest, Event, Finish, TextDelta, TokenLogprob, TopLogprob, Usage
-from gateway.core.errors import (
-    BadRequest,
-    GatewayError,
-    InternalError,
-    NotFound,
-    ServiceUnavailable,
-    UnprocessableContent,
-)
+from gateway.core.errors import BadRequest, GatewayError, InternalError, NotFound, ServiceUnavailable
 from gateway.core.options import describe
 
 try:
@@ -69,8 +64,6 @@ CONTEXT_LENGTH_ATTRIBUTES = (
     "max_seq_len",
     "seq_length",
 )
-MAX_N = 16
-MAX_TOP_LOGPROBS = 20
 PROMPT_CONTEXT_TOKENS = 5  # prompt tokens decoded with the output, so the first word keeps its space
 REPLACEMENT_CHARACTER = "\ufffd"  # what a partial UTF-8 sequence decodes to
 
@@ -105,163 +98,6 @@ class LocalOptions(BaseModel):
         "CPU that other busy processes share, 1 (or OMP_WAIT_POLICY=PASSIVE in the environment) "
         "keeps OpenMP's spinning threads from starving the decode loop (measured: 10x slower).",
     )
-
-
-def parameter_table(context_length: int) -> dict[str, Param]:
-    """Canonical parameter → how this backend takes it (target None: refused with 422)."""
-    return {
-        "max_tokens": Param("max_new_tokens", 1, context_length, "prompt + output must fit the context"),
-        "stop": Param("stop", note="matched on the decoded text; the stop text is not returned"),
-        "n": Param("n", 1, MAX_N, "the choices decode together as one batch"),
-        "seed": Param("torch.Generator", note="per request: the same seed gives the same output"),
-        "temperature": Param("temperature", 0, None, "0 means greedy decoding"),
-        "top_p": Param("top_p", 0, 1, "nucleus truncation; 1 keeps every token"),
-        "top_k": Param("top_k", -1, None, "0 or -1 keeps every token"),
-        "min_p": Param("min_p", 0, 1, "drop tokens below min_p × the top probability"),
-        "repetition_penalty": Param("repetition_penalty", 0, None, "> 0; CTRL style, prompt and output"),
-        "frequency_penalty": Param("frequency_penalty", -2, 2, "OpenAI style, over the output"),
-        "presence_penalty": Param("presence_penalty", -2, 2, "OpenAI style, over the output"),
-        "logit_bias": Param("logit_bias", -100, 100, "keys are token ids of this model's tokenizer"),
-        "logprobs": Param(
-            "logprobs", note="log-softmax after bias, penalties and temperature, before truncation"
-        ),
-        "top_logprobs": Param("top_logprobs", 0, MAX_TOP_LOGPROBS, "sorted, most likely first"),
-        "ignore_eos": Param("ignore_eos", note="EOS is then an ordinary (empty) token"),
-        "include_stop_str_in_output": Param("include_stop_str_in_output"),
-        "response_format": Param("response_format", note='only {"type": "text"}'),
-        "user": Param("user", note="accepted, not used"),
-        "tools": Param(None, note="no tool-call parsing for local models"),
-        "tool_choice": Param(None, note="no tool-call parsing for local models"),
-        "best_of": Param(None, note="no beam search"),
-        "length_penalty": Param(None, note="no beam search"),
-        "typical_p": Param(None, note="not implemented in the decode loop"),
-        **unsupported(
-            "speculative and prompt-lookup decoding are not implemented",
-            "num_assistant_tokens", "assistant_confidence_threshold", "max_ngram_size",
-        ),
-        **unsupported("the local backend generates text only", "modalities", "audio", "prediction"),
-        "reasoning_effort": Param(None, note="no reasoning models' effort control"),
-        "parallel_tool_calls": Param(None, note="no tool-call parsing for local models"),
-    }  # fmt: skip
-
-
-@dataclass(frozen=True, slots=True)
-class Sampling:
-    """One request's decoding settings, validated and in the backend's terms."""
-
-    n: int
-    max_new_tokens: int | None  # None: up to the context length
-    temperature: float
-    top_p: float
-    top_k: int
-    min_p: float
-    repetition_penalty: float
-    frequency_penalty: float
-    presence_penalty: float
-    logit_bias: dict[int, float]
-    stop: tuple[str, ...]
-    include_stop: bool
-    ignore_eos: bool
-    logprobs: bool
-    top_logprobs: int
-    seed: int | None
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
-
-
-def refuse(message: str, name: str, value: Any) -> UnprocessableContent:
-    return UnprocessableContent(message, param=name, loc=["body", name], value=value)
-
-
-def number(settings: dict[str, Any], name: str, default: float, low: float, high: float) -> float:
-    """A numeric setting in [low, high] (None means the default)."""
-    value = settings.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
-        bounds = f"from {low:g} to {high:g}" if high != float("inf") else f"of {low:g} or more"
-        raise refuse(f"'{name}' must be a number {bounds}.", name, value)
-    return float(value)
-
-
-def sampling_for(request: ChatRequest, vocab_size: int, default_max_tokens: int | None) -> Sampling:
-    """Read and check the request's sampling parameters; raise the 4xx that refuses it."""
-    if request.tools:
-        raise refuse("This model does not support tools.", "tools", request.tools)
-    kind = (request.response_format or {}).get("type", "text")
-    if kind != "text":
-        raise refuse(
-            f"This model does not support response_format '{kind}'.",
-            "response_format",
-            request.response_format,
-        )
-    if request.max_tokens is not None and request.max_tokens < 1:
-        raise refuse("'max_tokens' must be at least 1.", "max_tokens", request.max_tokens)
-    if not 1 <= request.n <= MAX_N:
-        raise refuse(f"'n' must be from 1 to {MAX_N} for this model.", "n", request.n)
-    if request.logprobs and not 0 <= request.top_logprobs <= MAX_TOP_LOGPROBS:
-        raise refuse(
-            f"'top_logprobs' must be from 0 to {MAX_TOP_LOGPROBS}.", "top_logprobs", request.top_logprobs
-        )
-    # Dialect options, or the same names passed through as extra parameters.
-    settings = {**request.extra, **request.options}
-    settings.update(
-        temperature=request.temperature,
-        top_p=request.top_p,
-        frequency_penalty=request.frequency_penalty,
-        presence_penalty=request.presence_penalty,
-    )
-    top_k = settings.get("top_k")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int)):
-        raise refuse("'top_k' must be an integer.", "top_k", top_k)
-    repetition_penalty = number(settings, "repetition_penalty", 1.0, 0.0, float("inf"))
-    if repetition_penalty <= 0:
-        raise refuse("'repetition_penalty' must be above 0.", "repetition_penalty", repetition_penalty)
-    top_p = number(settings, "top_p", 1.0, 0.0, 1.0)
-    if top_p <= 0:
-        raise refuse("'top_p' must be above 0.", "top_p", top_p)
-    return Sampling(
-        n=request.n,
-        max_new_tokens=request.max_tokens if request.max_tokens is not None else default_max_tokens,
-        temperature=number(settings, "temperature", 1.0, 0.0, float("inf")),
-        top_p=top_p,
-        top_k=max(0, top_k or 0),
-        min_p=number(settings, "min_p", 0.0, 0.0, 1.0),
-        repetition_penalty=repetition_penalty,
-        frequency_penalty=number(settings, "frequency_penalty", 0.0, -2.0, 2.0),
-        presence_penalty=number(settings, "presence_penalty", 0.0, -2.0, 2.0),
-        logit_bias=token_biases(request.logit_bias, vocab_size),
-        stop=tuple(s for s in request.stop if s),
-        include_stop=bool(settings.get("include_stop_str_in_output")),
-        ignore_eos=bool(settings.get("ignore_eos")),
-        logprobs=request.logprobs,
-        top_logprobs=request.top_logprobs if request.logprobs else 0,
-        seed=request.seed,
-    )
-
-
-def token_biases(logit_bias: dict[str, float] | None, vocab_size: int) -> dict[int, float]:
-    biases: dict[int, float] = {}
-    for key, bias in (logit_bias or {}).items():
-        token_id = int(key) if str(key).isdigit() else -1
-        if not 0 <= token_id < vocab_size:
-            raise UnprocessableContent(
-                f"logit_bias key '{key}' is not a token id of this model (0 to {vocab_size - 1}).",
-                param="logit_bias",
-                loc=["body", "logit_bias", key],
-                value=key,
-            )
-        if isinstance(bias, bool) or not isinstance(bias, int | float) or not -100 <= bias <= 100:
-            raise UnprocessableContent(
-                "logit_bias values must be numbers from -100 to 100.",
-                param="logit_bias",
-                loc=["body", "logit_bias", key],
-                value=bias,
-            )
-        biases[token_id] = float(bias)
-    return biases
 
 
 def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -321,17 +157,9 @@ class TextAssembler:
         if matches:
             at, length = min(matches)
             return self.pending[: at + length if self.include_stop else at], True
-        held = max((self.stop_prefix_length(s) for s in self.stops), default=0)
-        ready = self.pending[: len(self.pending) - held]
+        ready = self.pending[: len(self.pending) - held_back(self.pending, self.stops)]
         self.pending = self.pending[len(ready) :]
         return ready, False
-
-    def stop_prefix_length(self, stop: str) -> int:
-        """The length of the longest end of `pending` that begins `stop`."""
-        for length in range(min(len(stop) - 1, len(self.pending)), 0, -1):
-            if self.pending.endswith(stop[:length]):
-                return length
-        return 0
 
     def flush(self) -> str:
         """Everything still held, at the end of generation (a trailing partial character included)."""
@@ -391,7 +219,7 @@ class LocalBackend:
         context_length = self.find_context_length()
         self.capabilities = Capabilities(
             modalities=frozenset({"text"}),
-            parameters=parameter_table(context_length),
+            parameters=parameter_table(context_length, self.vocab_size),
             response_formats=frozenset({"text"}),
             max_n=MAX_N,
             max_top_logprobs=MAX_TOP_LOGPROBS,
@@ -448,7 +276,7 @@ class LocalBackend:
     # ----- the async face --------------------------------------------------------------
 
     async def generate(self, request: ChatRequest) -> AsyncIterator[Event]:
-        sampling = sampling_for(request, self.vocab_size, self.options.default_max_tokens)
+        sampling = sampling_for(request, self.capabilities.parameters, self.options.default_max_tokens)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Event | BaseException | None] = asyncio.Queue()
         cancelled = threading.Event()

@@ -2,8 +2,8 @@
 OpenAI itself, or another chatgate): one keep-alive connection pool (backends.upstream_http),
 streamed chunks relayed as they arrive.
 
-Upstream failures become gateway errors. The upstream's 401/403 means the gateway's own
-credentials are wrong, so the client gets a 502 that says nothing about them.
+The body sent upstream is the parameter table applied to the request (backends.base.mapped);
+upstream failures become gateway errors by UPSTREAM_STATUSES (backends.upstream_status).
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from backends import upstream_http
-from backends.base import Capabilities, Param, same_names
+from backends.base import Capabilities, Param, mapped, same_names
 from backends.upstream_http import ConnectError, PoolTimeout, Response, UpstreamError
+from backends.upstream_status import CREDENTIALS, Answer, StatusTable, UpstreamFailure, status_error
 from gateway.core.canonical import (
     ChatRequest,
     Event,
@@ -45,15 +46,17 @@ from gateway.core.errors import (
     UnprocessableContent,
 )
 from gateway.core.options import from_file
+from gateway.core.parameters import requested
 
 log = logging.getLogger("chatgate.backends.openai_compatible")
 
-# OpenAI's own parameters: forwarded under their own names.
+# OpenAI's own parameters: forwarded under their own names (max_tokens: as the deployment says).
+# The informational metadata, store and service_tier are the gateway's (parameters.HANDLED): dropped.
 OPENAI_PARAMETERS = same_names(
     "max_tokens", "stop", "n", "seed", "temperature", "top_p", "frequency_penalty",
     "presence_penalty", "logit_bias", "logprobs", "top_logprobs", "response_format", "tools",
-    "tool_choice", "user", "parallel_tool_calls", "modalities", "audio", "metadata", "prediction",
-    "reasoning_effort", "service_tier", "store",
+    "tool_choice", "user", "parallel_tool_calls", "modalities", "audio", "prediction",
+    "reasoning_effort",
 )  # fmt: skip
 SERVER_EXTRA_NOTE = "forwarded as is; vLLM, SGLang and OVMS take it, OpenAI answers 400"
 # Sampling extras of the open-source servers (the dialects' `options`): forwarded as is.
@@ -75,6 +78,21 @@ CAPABILITIES = Capabilities(
     max_n=128,
     max_top_logprobs=20,
     context_length=1 << 20,  # the upstream enforces its own context length
+)
+
+# The upstream's error status → the client's: its own message, and the parameter it names.
+UPSTREAM_STATUSES = StatusTable(
+    "The upstream model server",
+    {
+        400: Answer(BadRequest, names_param=True, points_at_param=True),
+        401: CREDENTIALS,
+        403: CREDENTIALS,
+        404: Answer(NotFound, names_param=True),
+        422: Answer(UnprocessableContent, names_param=True, points_at_param=True),
+        429: Answer(TooManyRequests, keeps_retry_after=True),
+        "4xx": Answer(BadRequest, names_param=True),
+        "5xx": Answer(BadGateway, "{upstream} failed ({status}): {message}"),
+    },
 )
 
 FINISH_REASONS: dict[str, FinishReason] = {
@@ -196,30 +214,12 @@ class OpenAICompatibleBackend:
     # ----- request ------------------------------------------------------------------------
 
     def upstream_body(self, request: ChatRequest) -> dict[str, Any]:
+        """The request's parameters by the table, and the extra parameters the policy let through."""
         body: dict[str, Any] = {"model": self.upstream_model, "messages": request.messages}
         if request.stream:
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}  # so usage is always known
-        if request.max_tokens is not None:
-            body[self.options.max_tokens_parameter] = request.max_tokens
-        if request.stop:
-            body["stop"] = request.stop
-        if request.n != 1:
-            body["n"] = request.n
-        for name in (
-            "seed", "temperature", "top_p", "frequency_penalty", "presence_penalty", "logit_bias",
-            "response_format", "tool_choice", "user",
-        ):  # fmt: skip
-            value = getattr(request, name)
-            if value is not None:
-                body[name] = value
-        if request.logprobs:
-            body["logprobs"] = True
-            if request.top_logprobs:
-                body["top_logprobs"] = request.top_logprobs
-        if request.tools:
-            body["tools"] = request.tools
-        body.update(request.options)
+        body.update(mapped(self.capabilities.parameters, requested(request)))
         body.update(request.extra)
         return body
 
@@ -360,22 +360,12 @@ class OpenAICompatibleBackend:
     def status_error(self, status: int, raw: bytes, headers: Mapping[str, str]) -> GatewayError:
         """An upstream error response, as the gateway error the client gets."""
         message, param = error_message(raw)
-        if status in (401, 403):
+        if UPSTREAM_STATUSES.answers.get(status) is CREDENTIALS:
             log.error("upstream %s refused the gateway's credentials (%d)", self.options.base_url, status)
-            return BadGateway(f"The upstream model server refused the gateway's credentials ({status}).")
-        log.info("upstream %s answered %d: %s", self.options.base_url, status, message)
-        if status == 400:
-            return BadRequest(message, param=param, loc=["body", param] if param else None)
-        if status == 404:
-            return NotFound(message, param=param)
-        if status == 422:
-            return UnprocessableContent(message, param=param, loc=["body", param] if param else None)
-        if status == 429:
-            retry_after = headers.get("retry-after")
-            return TooManyRequests(message, headers={"Retry-After": retry_after} if retry_after else None)
-        if status >= 500:
-            return BadGateway(f"The upstream model server failed ({status}): {message}")
-        return BadRequest(message, param=param)
+        else:
+            log.info("upstream %s answered %d: %s", self.options.base_url, status, message)
+        failure = UpstreamFailure(status, message, param, headers.get("retry-after"))
+        return status_error(UPSTREAM_STATUSES, failure)
 
 
 # ----- the stream ---------------------------------------------------------------------------

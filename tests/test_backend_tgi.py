@@ -31,7 +31,10 @@ from azure.ai.inference import ChatCompletionsClient
 from azure.ai.inference.models import ChatCompletionsToolDefinition, FunctionDefinition, UserMessage
 from azure.core.credentials import AzureKeyCredential
 
-from backends.tgi import StopTrimmer, TGIBackend, parameter_table, split_tool_call
+from backends.tgi import TGIBackend
+from backends.tgi_events import ChoiceEvents, StopTrimmer, split_tool_call
+from backends.tgi_options import TGIOptions
+from backends.tgi_tables import parameter_table
 from gateway.config import ConfigError
 from tests.servers import CHAT_PATHS, free_port, running_gateway
 from tests.tgi_server import TGIStandIn, chat_template, running_tgi, token_logprob, tokenize
@@ -679,7 +682,6 @@ def test_stop_trimmer(stops, tokens, stopped, expected):
 
 
 def test_a_stop_string_reported_as_stop_is_still_cut():
-    from backends.tgi import ChoiceEvents
     from gateway.core.canonical import ChatRequest, Finish, TextDelta
 
     events = ChoiceEvents(0, ChatRequest(model="m", messages=HELLO, stop=["\n\n"]))
@@ -709,7 +711,6 @@ def test_split_tool_call(name, arguments, expected):
 
 
 def test_a_tool_call_that_tgi_finishes_with_stop_reports_tool_calls():
-    from backends.tgi import ChoiceEvents
     from gateway.core.canonical import ChatRequest, Finish, ToolCallDelta
 
     events = ChoiceEvents(0, ChatRequest(model="m", messages=HELLO))
@@ -730,8 +731,6 @@ def test_bad_options_fail_at_start_naming_the_key():
 
 
 def test_parameter_tables_by_mode():
-    from backends.tgi import TGIOptions
-
     both = parameter_table(TGIOptions(url="http://tgi"))
     assert both["tools"].supported and both["top_k"].supported
     assert not both["logit_bias"].supported

@@ -102,8 +102,10 @@ def canonical_name(spelling: str) -> str:
 
 
 def requested(request: ChatRequest) -> dict[str, Any]:
-    """The generation parameters this request sets away from their defaults, by canonical name
-    (what a backend must take, and what its table maps)."""
+    """The generation parameters this request sets away from their defaults, by canonical name,
+    and `user`, which generates nothing but which a backend may pass on: what a backend must
+    take, and what its table maps. A parameter that means something only beside another
+    (tool_choice beside tools, top_logprobs beside logprobs) is set only with it."""
     asked: dict[str, Any] = {
         "max_tokens": request.max_tokens,
         "seed": request.seed,
@@ -115,12 +117,13 @@ def requested(request: ChatRequest) -> dict[str, Any]:
         "stop": request.stop or None,
         "n": request.n if request.n != 1 else None,
         "logprobs": True if request.logprobs else None,
-        "top_logprobs": request.top_logprobs or None,
+        "top_logprobs": (request.top_logprobs or None) if request.logprobs else None,
         "tools": request.tools or None,
         "tool_choice": request.tool_choice if request.tools else None,
         "response_format": request.response_format
         if (request.response_format or {}).get("type", "text") != "text"
         else None,
+        "user": request.user,
     }
     asked.update({k: v for k, v in request.options.items() if k in GENERATION_OPTIONS})
     return {k: v for k, v in asked.items() if v is not None}

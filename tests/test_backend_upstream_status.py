@@ -1,0 +1,77 @@
+"""backends.upstream_status: an upstream's error answer → the client's, by each backend's table
+(the openai-compatible backend's and TGI's, case by case, with no server)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from backends.openai_compatible import UPSTREAM_STATUSES
+from backends.tgi_errors import STATUSES as TGI_STATUSES
+from backends.tgi_errors import tgi_error
+from backends.upstream_status import CREDENTIALS, Answer, StatusTable, UpstreamFailure, status_error
+from gateway.core.errors import BadGateway
+
+SECRET = "sk-upstream-4711"
+
+# upstream status → (client status, message, param, loc, Retry-After) for a failure that names
+# `temperature` and sends Retry-After: 7 (the status decides what of it reaches the client)
+OPENAI_CASES: list[tuple[int, tuple[int, str, Any, Any, Any]]] = [
+    (400, (400, "bad", "temperature", ["body", "temperature"], None)),
+    (401, (502, "The upstream model server refused the gateway's credentials (401).", None, None, None)),
+    (403, (502, "The upstream model server refused the gateway's credentials (403).", None, None, None)),
+    (404, (404, "bad", "temperature", None, None)),
+    (409, (400, "bad", "temperature", None, None)),
+    (422, (422, "bad", "temperature", ["body", "temperature"], None)),
+    (429, (429, "bad", None, None, "7")),
+    (500, (502, "The upstream model server failed (500): bad", None, None, None)),
+    (503, (502, "The upstream model server failed (503): bad", None, None, None)),
+]
+TGI_CASES: list[tuple[int, tuple[int, str, Any, Any, Any]]] = [
+    (400, (502, "TGI answered HTTP 400: bad", None, None, None)),
+    (401, (502, "TGI refused the gateway's credentials (401).", None, None, None)),
+    (408, (504, "TGI timed out: bad", None, None, None)),
+    (413, (413, "TGI refused the request as too large: bad", None, None, None)),
+    (422, (422, "TGI refused the request: bad", "temperature", ["body", "temperature"], None)),
+    (424, (502, "TGI failed during generation: bad", None, None, None)),
+    (429, (429, "TGI is overloaded: bad", None, None, "7")),
+    (500, (502, "TGI answered HTTP 500: bad", None, None, None)),
+    (503, (503, "TGI is unavailable: bad", None, None, None)),
+    (504, (504, "TGI timed out: bad", None, None, None)),
+]
+
+
+@pytest.mark.parametrize(
+    ("table", "status", "expected"),
+    [(UPSTREAM_STATUSES, s, e) for s, e in OPENAI_CASES] + [(TGI_STATUSES, s, e) for s, e in TGI_CASES],
+    ids=[f"openai-compatible-{s}" for s, _ in OPENAI_CASES] + [f"tgi-{s}" for s, _ in TGI_CASES],
+)
+def test_each_status_becomes_the_backends_answer(table: StatusTable, status: int, expected: tuple) -> None:
+    error = status_error(table, UpstreamFailure(status, "bad", "temperature", "7"))
+    assert (error.status, error.message, error.param, error.loc, error.headers.get("Retry-After")) == expected
+
+
+@pytest.mark.parametrize("table", [UPSTREAM_STATUSES, TGI_STATUSES], ids=["openai-compatible", "tgi"])
+@pytest.mark.parametrize("status", [401, 403])
+def test_refused_credentials_are_a_502_that_repeats_nothing(table: StatusTable, status: int) -> None:
+    error = status_error(table, UpstreamFailure(status, f"Incorrect API key provided: {SECRET}", "api_key"))
+    assert isinstance(error, BadGateway) and error.status == 502
+    assert SECRET not in error.message and error.param is None and not error.headers
+
+
+def test_tgi_says_overloaded_with_a_retry_after_of_its_own_and_names_the_parameter() -> None:
+    overloaded = tgi_error(429, "Model is overloaded")
+    assert overloaded.headers == {"Retry-After": "1"}
+    invalid = tgi_error(422, "Input validation error: `max_new_tokens` must be strictly positive")
+    assert invalid.param == "max_tokens" and invalid.code == "UpstreamValidationError"
+    assert tgi_error(422, "Template error: roles must alternate").param == "messages"
+
+
+def test_a_table_must_answer_credentials_and_every_other_status() -> None:
+    with pytest.raises(ValueError, match="5xx"):
+        StatusTable("X", {401: CREDENTIALS, 403: CREDENTIALS, "4xx": Answer(BadGateway)})
+    table = StatusTable(
+        "X", {401: CREDENTIALS, 403: CREDENTIALS, "4xx": Answer(BadGateway), "5xx": Answer(BadGateway)}
+    )
+    assert status_error(table, UpstreamFailure(418, "teapot")).message == "teapot"
