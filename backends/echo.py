@@ -10,7 +10,7 @@ import asyncio
 import itertools
 import re
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -203,7 +203,7 @@ class EchoBackend:
         if response_format == "json_object":
             return orjson.dumps({"echo": heard, "note": PREFIX}).decode(), None
         if response_format == "json_schema":
-            schema = (request.response_format.get("json_schema") or {}).get("schema") or {}
+            schema = ((request.response_format or {}).get("json_schema") or {}).get("schema") or {}
             return orjson.dumps(instance_for(schema, heard)).decode(), None
         if request.extra:  # pass-through parameters: say what arrived, so callers can see it
             received = orjson.dumps(request.extra, option=orjson.OPT_SORT_KEYS).decode()
@@ -267,7 +267,7 @@ class Words:
         cut_at = min((p for s in request.stop if s and (p := text.find(s)) >= 0), default=-1)
         if cut_at >= 0:
             text, self.reason = text[:cut_at], "stop_sequence"
-        self.rest = TOKEN.finditer(text)
+        self.rest: Iterator[re.Match[str]] | None = TOKEN.finditer(text)
         self.limit = request.max_tokens
         self.split: list[str] = []
 

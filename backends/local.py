@@ -27,7 +27,7 @@ import contextlib
 import inspect
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,7 +46,7 @@ try:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 except ImportError:  # the `local` extra is not installed; LocalBackend() says so
-    torch = None
+    torch = None  # type: ignore[assignment]
 
 log = logging.getLogger("chatgate.local")
 
@@ -203,7 +203,7 @@ class LocalBackend:
             )
             self.model = AutoModelForCausalLM.from_pretrained(
                 path, local_files_only=True, trust_remote_code=trust, dtype=self.pick_dtype()
-            ).to(self.device)
+            ).to(self.device)  # type: ignore[arg-type]  # transformers types `to` narrowly
         except (OSError, ValueError) as error:
             raise ValueError(f"local backend '{model}': cannot load a model from {path}: {error}") from None
         self.model.eval()
@@ -355,12 +355,12 @@ class LocalBackend:
         text = self.token_texts.get(token_id)
         if text is None:
             with self.tokenizer_lock:
-                text = self.token_texts[token_id] = self.tokenizer.decode([token_id])
+                text = self.token_texts[token_id] = str(self.tokenizer.decode([token_id]))
         return text
 
     def decode_text(self, ids: list[int]) -> str:
         with self.tokenizer_lock:
-            return self.tokenizer.decode(ids, skip_special_tokens=True)
+            return str(self.tokenizer.decode(ids, skip_special_tokens=True))
 
     def forward(self, input_ids: torch.Tensor, past: Any) -> tuple[torch.Tensor, Any]:
         kwargs = {"logits_to_keep": 1} if self.keeps_last_logits else {}
@@ -414,6 +414,7 @@ class LocalBackend:
         rows = torch.arange(len(tokens), device=scores.device)
         chosen = logprobs[rows, torch.tensor(tokens, device=scores.device)].tolist()
         entries = []
+        tops: Iterable[tuple[list[float], list[int]]]
         if sampling.top_logprobs:
             values, ids = torch.topk(logprobs, sampling.top_logprobs, dim=-1)  # sorted, largest first
             tops = zip(values.tolist(), ids.tolist(), strict=True)

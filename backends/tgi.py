@@ -114,7 +114,7 @@ class TGIBackend:
             token=self.token,
             timeout=self.options.timeout,
             # without a configured token, send none (not the gateway host's own HF token)
-            headers=None if self.token else {"authorization": None},
+            headers=None if self.token else {"authorization": None},  # type: ignore[dict-item]
         )
         client._async_client = self.http()  # share the pool; client.close() leaves it open
         try:
@@ -163,7 +163,9 @@ class TGIBackend:
         events = ChoiceEvents(index, request)
         with translated_errors():
             async with self.inference_client() as client:
-                stream = await client.chat_completion(
+                # the keywords come from the Messages API table (tests/test_parameter_tables.py
+                # drives each through the stand-in against TGI's document)
+                stream = await client.chat_completion(  # type: ignore[call-overload]
                     messages=plan.messages,
                     model=self.options.adapter_id or BASE_MODEL,
                     stream=True,
