@@ -159,6 +159,17 @@ class Options(BaseModel):
         return value.rstrip("/")
 
 
+def without_userinfo(url: str) -> str:
+    """The URL with any `user:password@` taken out, as logs may show it."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host += f":{parts.port}"
+    return parts._replace(netloc=host).geturl()
+
+
 class OpenAICompatibleBackend:
     name = "openai-compatible"
 
@@ -167,6 +178,7 @@ class OpenAICompatibleBackend:
         self.model = model
         self.upstream_model = self.options.upstream_model or model
         self.url = self.options.base_url + "/chat/completions"
+        self.shown_url = without_userinfo(self.options.base_url)  # for logs: never a password
         target = self.options.max_tokens_parameter
         self.capabilities = replace(
             CAPABILITIES, parameters={**CAPABILITIES.parameters, "max_tokens": Param(target)}
@@ -177,7 +189,7 @@ class OpenAICompatibleBackend:
         self._warned_no_usage = False
 
     def __repr__(self) -> str:
-        return f"OpenAICompatibleBackend(model={self.model!r}, base_url={self.options.base_url!r})"
+        return f"OpenAICompatibleBackend(model={self.model!r}, base_url={self.shown_url!r})"
 
     # ----- the connection pool --------------------------------------------------------------
 
@@ -341,14 +353,14 @@ class OpenAICompatibleBackend:
             log.warning(
                 "upstream %s sent no usage: completion tokens are estimated (chunks seen), "
                 "prompt tokens reported as 0",
-                self.options.base_url,
+                self.shown_url,
             )
 
     # ----- errors -------------------------------------------------------------------------
 
     def transport_error(self, exc: Exception, elapsed: float) -> GatewayError:
         """A failure to talk to the upstream, as the gateway error the client gets."""
-        log.warning("upstream %s: %s: %s", self.options.base_url, type(exc).__name__, exc)
+        log.warning("upstream %s: %s: %s", self.shown_url, type(exc).__name__, exc)
         if isinstance(exc, PoolTimeout):
             return ServiceUnavailable("All connections to the upstream are busy; try again later.")
         if isinstance(exc, ConnectError):  # refused, unresolvable, TLS failed, or too slow
@@ -361,9 +373,9 @@ class OpenAICompatibleBackend:
         """An upstream error response, as the gateway error the client gets."""
         message, param = error_message(raw)
         if UPSTREAM_STATUSES.answers.get(status) is CREDENTIALS:
-            log.error("upstream %s refused the gateway's credentials (%d)", self.options.base_url, status)
+            log.error("upstream %s refused the gateway's credentials (%d)", self.shown_url, status)
         else:
-            log.info("upstream %s answered %d: %s", self.options.base_url, status, message)
+            log.info("upstream %s answered %d: %s", self.shown_url, status, message)
         failure = UpstreamFailure(status, message, param, headers.get("retry-after"))
         return status_error(UPSTREAM_STATUSES, failure)
 

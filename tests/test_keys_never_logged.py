@@ -6,7 +6,7 @@ import httpx
 import yaml
 
 from gateway.policy.auth import new_key
-from tests.servers import running_gateway
+from tests.servers import free_port, running_gateway
 
 VALID, VALID_SHA = new_key()
 WRONG = "cg-wrong-" + "z" * 30
@@ -52,3 +52,21 @@ def test_keys_stay_out_of_logs_and_answers(tmp_path, log_dir):
     for secret in (VALID, WRONG):
         assert secret not in logs
         assert not any(secret in line for line in seen)
+
+
+def test_credentials_in_an_upstream_url_stay_out_of_logs(tmp_path):
+    """`base_url` may carry `user:password@`; the logs name the upstream without them."""
+    config = tmp_path / "config.yaml"
+    nowhere = f"http://admin:hunter2@127.0.0.1:{free_port()}/v1"  # nothing listens: errors get logged
+    deployment = {"name": "up", "backend": "openai-compatible", "options": {"base_url": nowhere}}
+    config.write_text(yaml.safe_dump({"deployments": [deployment]}))
+    log_dir = tmp_path / "logs"
+    log_dir.mkdir()
+    with running_gateway(log_dir, config, "--log-level", "debug") as url:
+        chat = {"model": "up", "messages": [{"role": "user", "content": "hello"}]}
+        answers = [httpx.post(f"{url}/v1/chat/completions", json=chat, timeout=30) for _ in range(2)]
+    assert {a.status_code for a in answers} == {503}
+    logs = "".join(p.read_text() for p in log_dir.iterdir())
+    assert "127.0.0.1" in logs  # the upstream is named
+    assert "hunter2" not in logs and "admin:" not in logs
+    assert not any("hunter2" in a.text for a in answers)
