@@ -44,6 +44,12 @@ class Metrics:
             "chatgate_requests", "Chat API requests answered, by dialect, deployment and status.",
             ["dialect", "deployment", "status"], registry=registry,
         )  # fmt: skip
+        self.errors = Counter(
+            "chatgate_request_errors",
+            "Requests that ended in an error, by its code: refused with a status, or a stream that "
+            "failed after its 200 (then the status stays 200 and the code says how it ended).",
+            ["dialect", "deployment", "code"], registry=registry,
+        )  # fmt: skip
         self.duration = Histogram(
             "chatgate_request_duration_seconds", "Time from request to the last byte of the answer.",
             ["dialect", "deployment"], buckets=LATENCY_BUCKETS, registry=registry,
@@ -101,6 +107,8 @@ class Metrics:
         self.in_flight.dec()
         deployment = trace.deployment or "none"
         self.child(self.requests, trace.dialect, deployment, str(trace.status)).inc()
+        if trace.error_code:
+            self.child(self.errors, trace.dialect, deployment, trace.error_code).inc()
         self.child(self.duration, trace.dialect, deployment).observe(seconds)
         if trace.ttft is not None:
             self.child(self.ttft, trace.dialect, deployment).observe(trace.ttft)

@@ -72,3 +72,31 @@ def test_counters_match_what_was_sent(tmp_path, log_dir, workers):
         assert values['gen_ai_usage_tokens_total{deployment="counted",type="input"}'] == (
             10 * usage["prompt_tokens"]
         )
+
+
+def test_a_stream_that_fails_is_recorded_as_failed(tmp_path, log_dir):
+    """Its status stays the 200 that went out, but the access log's `error` and the metrics'
+    error counter name how it ended."""
+    import orjson
+
+    from tests.fault_upstream import FaultUpstream
+
+    with FaultUpstream() as upstream:
+        config = tmp_path / "config.yaml"
+        config.write_text(
+            "deployments:\n"
+            "  - {name: up, backend: openai-compatible, timeouts: {idle: 0.5},\n"
+            f"     options: {{base_url: '{upstream.base_url('stall-mid')}'}}}}\n"
+        )
+        with running_gateway(log_dir, config) as url:
+            body = {"model": "up", "messages": [{"role": "user", "content": "a"}], "stream": True}
+            with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=10) as response:
+                assert response.status_code == 200
+                lines = [line for line in response.iter_lines() if line]
+            metrics = httpx.get(f"{url}/metrics").text
+    assert "UpstreamTimeout" in lines[-1]
+    counted = 'chatgate_request_errors_total{code="UpstreamTimeout",deployment="up",dialect="openai"} 1.0'
+    assert counted in metrics
+    log = max(log_dir.glob("gateway-*.log"), key=lambda p: p.stat().st_mtime).read_text()
+    records = [orjson.loads(line) for line in log.splitlines() if line.startswith('{"ts"')]
+    assert records[-1]["status"] == 200 and records[-1]["error"] == "UpstreamTimeout"

@@ -10,7 +10,9 @@ import yaml
 
 from gateway.config import Settings
 from gateway.dialects import DIALECTS
+from gateway.policy.auth import new_key
 from gateway.spec import load_document
+from tests.servers import ROOT, running_gateway
 
 MOUNTS = Settings().mounts
 
@@ -50,3 +52,17 @@ def test_yaml_document_is_the_committed_one_too(gateway_url: str):
     assert {k: v for k, v in served.items() if k != "servers"} == {
         k: v for k, v in committed.items() if k != "servers"
     }
+
+
+def test_the_swagger_ui_is_public_as_documented(tmp_path, log_dir):
+    """With keys configured, the UI (a static page over the public document) answers without one,
+    as the README says; a chat operation does not."""
+    _key, sha = new_key()
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"keys": [{"name": "k", "sha256": sha}]}))
+    with running_gateway(log_dir, config) as url:
+        assert httpx.get(f"{url}/v1/ui/").status_code == 200
+        assert httpx.get(f"{url}/v1/openapi.json").status_code == 200
+        assert httpx.get(f"{url}/v1/models").status_code == 401
+    readme = (ROOT / "README.md").read_text()
+    assert "(`<mount>/ui/`" in readme
