@@ -51,6 +51,7 @@ class AccessLog:
             "stream": trace.stream,
             "prompt_tokens": trace.prompt_tokens,
             "completion_tokens": trace.completion_tokens,
+            "cost": trace.cost,
             "retries": trace.retries,
             "error": trace.error_code or None,
         }

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -111,6 +112,12 @@ class Deployment(Strict):
     )
     provider: str = "chatgate"
     extra_parameters: ExtraParamsPolicy = "error"
+    price: Price | None = Field(default=None, description="per million tokens; gives cost counts and budgets")
+    tokenizer: Path | None = Field(
+        default=None,
+        description="a tokenizer.json (Hugging Face tokenizers) to count prompt tokens exactly; "
+        "otherwise about four characters a token, corrected by what the backend reports",
+    )
     capabilities: DeploymentCapabilities = DeploymentCapabilities()
     limits: Limits = Limits()
     options: dict[str, Any] = Field(default_factory=dict)
@@ -144,6 +151,38 @@ class Deployment(Strict):
         return self.model or self.name
 
 
+class Budget(Strict):
+    """How much a key may use in a calendar period (UTC): tokens (prompt and completion), or
+    cost, from the deployments' `price`. Held in the rate-limit store, like the limits."""
+
+    model_config = ConfigDict(json_schema_extra=one_of("tokens", "cost"))
+
+    tokens: int | None = Field(default=None, ge=1)
+    cost: float | None = Field(default=None, gt=0, description="in the unit the prices are in")
+    per: Literal["day", "week", "month"]
+
+    @model_validator(mode="after")
+    def one_measure(self) -> Budget:
+        if (self.tokens is None) == (self.cost is None):
+            raise ValueError("give tokens or cost (one of them)")
+        return self
+
+    @property
+    def measure(self) -> Literal["tokens", "cost"]:
+        return "tokens" if self.tokens is not None else "cost"
+
+    @property
+    def amount(self) -> float:
+        return float(self.tokens if self.tokens is not None else self.cost or 0)
+
+
+class Price(Strict):
+    """What a million tokens cost on a deployment (any currency; budgets use the same unit)."""
+
+    input: float = Field(ge=0)
+    output: float = Field(ge=0)
+
+
 class Key(Strict):
     """An API key, stored only as its SHA-256 (`chatgate keys new NAME` makes one)."""
 
@@ -154,6 +193,8 @@ class Key(Strict):
     sha256_file: Path | None = Field(default=None, description="A file holding the SHA-256 instead.")
     deployments: list[str] = Field(default_factory=lambda: ["*"])
     limits: Limits = Limits()
+    budgets: list[Budget] = Field(default_factory=list)
+    expires: datetime | None = Field(default=None, description="after this instant the key is refused")
 
     @model_validator(mode="before")
     @classmethod

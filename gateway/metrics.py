@@ -41,8 +41,8 @@ class Metrics:
         if not self.multiprocess:  # the process's memory, CPU and open files (one process)
             ProcessCollector(registry=registry)
         self.requests = Counter(
-            "chatgate_requests", "Chat API requests answered, by dialect, deployment and status.",
-            ["dialect", "deployment", "status"], registry=registry,
+            "chatgate_requests", "Chat API requests answered, by dialect, deployment, key and status.",
+            ["dialect", "deployment", "key", "status"], registry=registry,
         )  # fmt: skip
         self.errors = Counter(
             "chatgate_request_errors",
@@ -60,8 +60,12 @@ class Metrics:
             ["dialect", "deployment"], buckets=LATENCY_BUCKETS, registry=registry,
         )  # fmt: skip
         self.tokens = Counter(
-            "gen_ai_usage_tokens", "Tokens consumed, by deployment and type (input or output).",
-            ["deployment", "type"], registry=registry,
+            "chatgate_usage_tokens", "Tokens used, by key, deployment and type (input or output).",
+            ["key", "deployment", "type"], registry=registry,
+        )  # fmt: skip
+        self.cost = Counter(
+            "chatgate_usage_cost", "What the tokens cost, by key and deployment (deployments' `price`).",
+            ["key", "deployment"], registry=registry,
         )  # fmt: skip
         self.upstream_errors = Counter(
             "chatgate_upstream_errors", "Failures of upstream replicas, by kind (HTTP status class).",
@@ -106,16 +110,19 @@ class Metrics:
     def finished(self, trace: RequestRecord, seconds: float) -> None:
         self.in_flight.dec()
         deployment = trace.deployment or "none"
-        self.child(self.requests, trace.dialect, deployment, str(trace.status)).inc()
+        key = trace.key or "none"
+        self.child(self.requests, trace.dialect, deployment, key, str(trace.status)).inc()
         if trace.error_code:
             self.child(self.errors, trace.dialect, deployment, trace.error_code).inc()
         self.child(self.duration, trace.dialect, deployment).observe(seconds)
         if trace.ttft is not None:
             self.child(self.ttft, trace.dialect, deployment).observe(trace.ttft)
         if trace.prompt_tokens:
-            self.child(self.tokens, deployment, "input").inc(trace.prompt_tokens)
+            self.child(self.tokens, key, deployment, "input").inc(trace.prompt_tokens)
         if trace.completion_tokens:
-            self.child(self.tokens, deployment, "output").inc(trace.completion_tokens)
+            self.child(self.tokens, key, deployment, "output").inc(trace.completion_tokens)
+        if trace.cost:
+            self.child(self.cost, key, deployment).inc(trace.cost)
         if trace.rate_limited:
             self.child(self.rate_limited, trace.rate_limited).inc()
 

@@ -22,6 +22,7 @@ class RequestRecord:
     first_token_at: float | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cost: float | None = None  # from the deployment's price, when it has one
     retries: int = 0
     error_code: str = ""
     rate_limited: str = ""  # "requests" / "tokens" when a limit refused the request

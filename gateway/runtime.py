@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 from gateway.config import Settings
@@ -15,6 +15,7 @@ from gateway.dispatch import Dispatcher
 from gateway.metrics import Metrics
 from gateway.policy import capabilities
 from gateway.policy.auth import Caller, KeyStore
+from gateway.policy.budgets import Account, accounts, exhausted, reservation, settlement
 from gateway.policy.content_filter import Filter, prompt_text
 from gateway.policy.extra_params import HEADER as EXTRA_PARAMS_HEADER
 from gateway.policy.extra_params import apply_extra_params, resolve_policy
@@ -44,8 +45,11 @@ class Admission:
 
     deployment: LiveDeployment
     caller: Caller
+    prompt_tokens: int = 0  # as estimated (or counted) at admission
     buckets: list[Bucket] = field(default_factory=list)
     headers: RawHeaders = field(default_factory=list)  # sent with the answer: x-ratelimit-*
+    accounts: list[Account] = field(default_factory=list)  # the key's budgets, this period
+    reserved: list[float] = field(default_factory=list)  # what admission reserved against them
 
 
 class Runtime:
@@ -83,7 +87,7 @@ class Runtime:
         if request.max_tokens is None:  # bounded like a model's answer, where the deployment says
             request.max_tokens = deployment.capabilities.default_max_tokens
         self.content_filter.check_prompt(request.messages)
-        admission = Admission(deployment, caller)
+        admission = Admission(deployment, caller, prompt_tokens)
         admission.buckets = [*self.key_limits.get(caller.name, []), *deployment.buckets]
         if admission.buckets:
             verdict = await self.limiter.take(admission.buckets, prompt_tokens)
@@ -91,23 +95,64 @@ class Runtime:
                 record.rate_limited = limited_kinds(verdict)
                 raise refused(verdict)
             admission.headers = rate_headers(verdict)
+        if caller.key is not None and caller.key.budgets:
+            admission.accounts = accounts(caller.name, caller.key.budgets)
+            admission.reserved = reservation(admission.accounts, prompt_tokens, deployment.config.price)
+            used_up = await self.limiter.reserve(admission.accounts, admission.reserved)
+            if used_up is not None:
+                record.rate_limited = "budget"
+                raise exhausted(*used_up)
         return admission
 
     def generate(self, admission: Admission, request: ChatRequest, record: RequestRecord) -> EventStream:
         """The backend's events (through retries, fallback and timeouts), screened by the output
-        filter; completion tokens are charged to the rate limits when the usage passes. The
-        filter is stacked only when configured: every layer costs something on every chunk."""
-        charge = None
-        if admission.buckets:
-            buckets, limiter = admission.buckets, self.limiter
-
-            async def charge(usage: Usage) -> None:
-                await limiter.charge(buckets, usage.completion_tokens)
-
-        events = self.dispatcher.events(admission.deployment, request, record, charge)
+        filter. When the usage passes, the token limits are charged what the answer used beyond
+        the admission's estimate (the prompt's true count corrects it, either way), the budgets
+        are settled, and the cost is recorded. Each layer is stacked only when configured: every
+        layer costs something on every chunk."""
+        price = admission.deployment.config.price
+        on_usage = None
+        if admission.buckets or admission.accounts or price is not None:
+            on_usage = self.usage_handler(admission, record)
+        events = self.dispatcher.events(admission.deployment, request, record, on_usage)
+        if admission.accounts:
+            events = self.refund_unless_used(admission, events)
         if self.content_filter.output is not None:
             events = self.content_filter.screen(events)
         return events
+
+    def usage_handler(
+        self, admission: Admission, record: RequestRecord
+    ) -> Callable[[Usage], Awaitable[None]]:
+        limiter, price = self.limiter, admission.deployment.config.price
+
+        async def on_usage(usage: Usage) -> None:
+            if price is not None:
+                record.cost = (
+                    usage.prompt_tokens * price.input + usage.completion_tokens * price.output
+                ) / 1e6
+            if admission.buckets:
+                # what admission took was the prompt's estimate; a reported prompt count corrects it
+                correction = usage.prompt_tokens - admission.prompt_tokens if usage.prompt_tokens else 0
+                await limiter.charge(admission.buckets, usage.completion_tokens + correction)
+            if admission.accounts:
+                owed = settlement(admission.accounts, admission.reserved, usage, price)
+                admission.reserved = [0.0] * len(owed)  # settled: nothing left to give back
+                await limiter.settle(admission.accounts, owed)
+
+        return on_usage
+
+    async def refund_unless_used(self, admission: Admission, events: EventStream) -> EventStream:
+        """Give a budget reservation back when the answer ends without a usage (it failed)."""
+        try:
+            async for event in events:
+                yield event
+        finally:
+            await events.aclose()
+            if any(admission.reserved):
+                refund = settlement(admission.accounts, admission.reserved, None, None)
+                admission.reserved = [0.0] * len(refund)
+                await self.limiter.settle(admission.accounts, refund)
 
     async def aclose(self) -> None:
         await self.router.aclose()

@@ -283,7 +283,7 @@ def test_metrics_names_follow_conventions(gateway):
     text = httpx.get(f"{gateway}/metrics").text
     for name in (
         "chatgate_requests_total", "chatgate_request_duration_seconds_bucket",
-        "gen_ai_server_time_to_first_token_seconds_bucket", "gen_ai_usage_tokens_total",
+        "gen_ai_server_time_to_first_token_seconds_bucket", "chatgate_usage_tokens_total",
         "chatgate_upstream_errors_total", "chatgate_retries_total", "chatgate_requests_in_flight",
         "chatgate_replica_healthy",
     ):  # fmt: skip

@@ -30,18 +30,18 @@ MIX = (
                                   "surprise": 1}, 400)] * 3
 )  # fmt: skip
 EXPECTED = {
-    'chatgate_requests_total{deployment="counted",dialect="openai",status="200"}': 10,
-    'chatgate_requests_total{deployment="other",dialect="azure",status="200"}': 4,
-    'chatgate_requests_total{deployment="none",dialect="openai",status="404"}': 2,
-    'chatgate_requests_total{deployment="none",dialect="openai",status="400"}': 5,
-    'chatgate_requests_total{deployment="counted",dialect="openai",status="400"}': 3,
+    'chatgate_requests_total{deployment="counted",dialect="openai",key="anonymous",status="200"}': 10,
+    'chatgate_requests_total{deployment="other",dialect="azure",key="anonymous",status="200"}': 4,
+    'chatgate_requests_total{deployment="none",dialect="openai",key="anonymous",status="404"}': 2,
+    'chatgate_requests_total{deployment="none",dialect="openai",key="none",status="400"}': 5,
+    'chatgate_requests_total{deployment="counted",dialect="openai",key="anonymous",status="400"}': 3,
 }
 
 
 def scrape(url: str) -> dict[str, float]:
     values = {}
     for line in httpx.get(f"{url}/metrics").text.splitlines():
-        if line.startswith("chatgate_requests_total{") or line.startswith("gen_ai_usage_tokens_total"):
+        if line.startswith("chatgate_requests_total{") or line.startswith("chatgate_usage_tokens_total"):
             name, _, value = line.rpartition(" ")
             values[name] = float(value)
     return values
@@ -67,9 +67,9 @@ def test_counters_match_what_was_sent(tmp_path, log_dir, workers):
         assert counted == EXPECTED
         # the ten `counted` answers (seven whole, three streamed) are the same echo
         usage = responses[0].json()["usage"]
-        output = values['gen_ai_usage_tokens_total{deployment="counted",type="output"}']
+        output = values['chatgate_usage_tokens_total{deployment="counted",key="anonymous",type="output"}']
         assert output == 10 * usage["completion_tokens"]
-        assert values['gen_ai_usage_tokens_total{deployment="counted",type="input"}'] == (
+        assert values['chatgate_usage_tokens_total{deployment="counted",key="anonymous",type="input"}'] == (
             10 * usage["prompt_tokens"]
         )
 

@@ -14,11 +14,14 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gateway.config import Limits, RateLimiting, RedisLimits
 from gateway.core.errors import ServiceUnavailable, TooManyRequests
 from gateway.policy.breaker import Breaker
+
+if TYPE_CHECKING:
+    from gateway.policy.budgets import Account
 
 log = logging.getLogger("chatgate.limits")
 WINDOW_SECONDS = 60.0
@@ -120,7 +123,17 @@ class Limiter(Protocol):
         ...
 
     async def charge(self, buckets: list[Bucket], tokens: int) -> None:
-        """Take `tokens` more from the token buckets, room or not (completion tokens)."""
+        """Take `tokens` more from the token buckets, room or not (completion tokens, and the
+        prompt's correction); negative gives back, up to the capacity."""
+        ...
+
+    async def reserve(self, accounts: list[Account], amounts: list[float]) -> tuple[Account, float] | None:
+        """Add `amounts` to every budget account, or to none if one would go past its budget:
+        then (that account, what it has spent)."""
+        ...
+
+    async def settle(self, accounts: list[Account], amounts: list[float]) -> None:
+        """Add (or, negative, give back) `amounts`, whatever the budgets say."""
         ...
 
     async def reachable(self) -> bool:
@@ -133,6 +146,7 @@ class Limiter(Protocol):
 class MemoryLimiter:
     def __init__(self) -> None:
         self.levels: dict[str, tuple[float, float]] = {}  # bucket name → (level, when)
+        self.budgets: dict[str, tuple[float, float]] = {}  # account name → (spent, forgotten at)
 
     def level(self, bucket: Bucket, now: float) -> float:
         state = self.levels.get(bucket.name)
@@ -166,7 +180,25 @@ class MemoryLimiter:
         now = time.monotonic()
         for bucket in buckets:
             if bucket.kind == "tokens":
-                self.levels[bucket.name] = (self.level(bucket, now) - tokens, now)
+                self.levels[bucket.name] = (min(bucket.capacity, self.level(bucket, now) - tokens), now)
+
+    async def reserve(self, accounts: list[Account], amounts: list[float]) -> tuple[Account, float] | None:
+        now = time.time()
+        spent = [self.spent(account, now) for account in accounts]
+        for account, already, amount in zip(accounts, spent, amounts, strict=True):
+            if amount > 0 and already + amount > account.budget.amount:
+                return account, already
+        await self.settle(accounts, amounts)
+        return None
+
+    async def settle(self, accounts: list[Account], amounts: list[float]) -> None:
+        now = time.time()
+        for account, amount in zip(accounts, amounts, strict=True):
+            self.budgets[account.name] = (self.spent(account, now) + amount, now + account.ttl)
+
+    def spent(self, account: Account, now: float) -> float:
+        found = self.budgets.get(account.name)
+        return 0.0 if found is None or found[1] < now else found[0]
 
     async def reachable(self) -> bool:
         return True
@@ -182,9 +214,11 @@ local now_parts = redis.call('TIME')
 local now = tonumber(now_parts[1]) + tonumber(now_parts[2]) / 1000000
 local mode = ARGV[1]
 local levels = {}
+local capacity_of = {}
 local allowed = 1
 for i, name in ipairs(KEYS) do
   local capacity = tonumber(ARGV[2 * i])
+  capacity_of[i] = capacity
   local cost = tonumber(ARGV[2 * i + 1])
   local state = redis.call('HMGET', name, 'level', 'stamp')
   local level = tonumber(state[1]) or capacity
@@ -197,7 +231,7 @@ local result = {allowed}
 for i, name in ipairs(KEYS) do
   local level = levels[i]
   if allowed == 1 then
-    level = level - tonumber(ARGV[2 * i + 1])
+    level = math.min(capacity_of[i], level - tonumber(ARGV[2 * i + 1]))
     redis.call('HSET', name, 'level', tostring(level), 'stamp', tostring(now))
     redis.call('EXPIRE', name, 120)
   end
@@ -205,6 +239,33 @@ for i, name in ipairs(KEYS) do
 end
 return result
 """
+
+
+# KEYS: budget accounts. ARGV: mode ("reserve" | "settle"), then per account: budget, amount, ttl.
+# Returns {0} when done, or {i, spent} when account i would go past its budget (nothing added).
+BUDGET_SCRIPT = """
+local mode = ARGV[1]
+if mode == 'reserve' then
+  for i, name in ipairs(KEYS) do
+    local budget = tonumber(ARGV[3 * i - 1])
+    local amount = tonumber(ARGV[3 * i])
+    local spent = tonumber(redis.call('GET', name)) or 0
+    if amount > 0 and spent + amount > budget then return {i, tostring(spent)} end
+  end
+end
+for i, name in ipairs(KEYS) do
+  redis.call('INCRBYFLOAT', name, ARGV[3 * i])
+  redis.call('EXPIRE', name, tonumber(ARGV[3 * i + 1]))
+end
+return {0}
+"""
+
+
+def budget_argv(mode: str, accounts: list[Account], amounts: list[float]) -> list[str | int | float]:
+    argv: list[str | int | float] = [mode]
+    for account, amount in zip(accounts, amounts, strict=True):
+        argv += [account.budget.amount, repr(float(amount)), account.ttl]
+    return argv
 
 
 class RedisLimiter:
@@ -215,6 +276,7 @@ class RedisLimiter:
             settings.url, socket_connect_timeout=settings.timeout, socket_timeout=settings.timeout
         )
         self.script = self.client.register_script(TAKE_SCRIPT)
+        self.budget_script = self.client.register_script(BUDGET_SCRIPT)
         self.prefix = settings.prefix
         self.fail_open = settings.on_error == "fail-open"
         mode = "fail-open: admitting" if self.fail_open else "fail-closed: refusing"
@@ -227,15 +289,20 @@ class RedisLimiter:
         self.answered = False
 
     async def run(self, mode: str, buckets: list[Bucket], costs: list[int]) -> list[bytes] | None:
-        """The script's answer; None when the store cannot answer and the gateway fails open."""
+        """The take script's answer; None when the store cannot answer and the gateway fails open."""
+        argv: list[str | int | float] = [mode]
+        for bucket, cost in zip(buckets, costs, strict=True):
+            argv += [bucket.capacity, cost]
+        return await self.call(self.script, [b.name for b in buckets], argv)
+
+    async def call(self, script: Any, names: list[str], argv: list[str | int | float]) -> list[bytes] | None:
+        """A script's answer, through the breaker; None when the store cannot answer and the
+        gateway fails open (fail-closed: 503)."""
         import redis.exceptions
 
         if self.breaker.allows():
-            argv: list[str | int] = [mode]
-            for bucket, cost in zip(buckets, costs, strict=True):
-                argv += [bucket.capacity, cost]
             try:
-                result = await self.script(keys=[self.prefix + b.name for b in buckets], args=argv)
+                result = await script(keys=[self.prefix + name for name in names], args=argv)
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as error:
                 self.breaker.failed(error)
             else:
@@ -267,6 +334,21 @@ class RedisLimiter:
         if token_buckets and tokens:
             with contextlib.suppress(ServiceUnavailable):
                 await self.run("charge", token_buckets, [tokens] * len(token_buckets))
+
+    async def reserve(self, accounts: list[Account], amounts: list[float]) -> tuple[Account, float] | None:
+        result = await self.call(
+            self.budget_script, [a.name for a in accounts], budget_argv("reserve", accounts, amounts)
+        )
+        if result is None or int(result[0]) == 0:
+            return None  # reserved (or the store is away and the gateway fails open)
+        return accounts[int(result[0]) - 1], float(result[1])
+
+    async def settle(self, accounts: list[Account], amounts: list[float]) -> None:
+        """Best effort, like `charge`."""
+        with contextlib.suppress(ServiceUnavailable):
+            await self.call(
+                self.budget_script, [a.name for a in accounts], budget_argv("settle", accounts, amounts)
+            )
 
     async def reachable(self) -> bool:
         """A PING, at most one a second however often /ready is asked (none while the breaker
