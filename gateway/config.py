@@ -407,6 +407,13 @@ def check_backends(settings: Settings) -> None:
                 f"{where}: the {kind.name} backend needs {', '.join(missing)}, "
                 f"not installed here: {kind.install}"
             )
+        if deployment.tokenizer is not None:
+            from gateway.policy.token_count import PromptCounter
+
+            try:
+                PromptCounter(deployment.tokenizer)
+            except ConfigError as error:
+                raise ConfigError(f"{where}.{error}") from None
         model = kind.load(kind.options)
         for replica_name, _weight, options in deployment.replica_options():
             try:

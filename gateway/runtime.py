@@ -3,7 +3,6 @@ route → who may use what → extra parameters → capabilities → content fil
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -16,7 +15,7 @@ from gateway.metrics import Metrics
 from gateway.policy import capabilities
 from gateway.policy.auth import Caller, KeyStore
 from gateway.policy.budgets import Account, accounts, exhausted, reservation, settlement
-from gateway.policy.content_filter import Filter, prompt_text
+from gateway.policy.content_filter import Filter
 from gateway.policy.extra_params import HEADER as EXTRA_PARAMS_HEADER
 from gateway.policy.extra_params import apply_extra_params, resolve_policy
 from gateway.policy.limits import (
@@ -28,15 +27,9 @@ from gateway.policy.limits import (
     rate_headers,
     refused,
 )
+from gateway.policy.token_count import PromptCounter
 from gateway.record import RequestRecord
 from gateway.router import LiveDeployment, Router
-
-MESSAGE_OVERHEAD_TOKENS = 3
-
-
-def estimate_prompt_tokens(messages: list[dict]) -> int:
-    """About four characters a token, plus a few per message: cheap, and never zero."""
-    return math.ceil(len(prompt_text(messages)) / 4) + MESSAGE_OVERHEAD_TOKENS * len(messages)
 
 
 @dataclass(slots=True)
@@ -62,6 +55,7 @@ class Runtime:
         self.keys = KeyStore(settings.keys)
         self.limiter = create_limiter(settings.rate_limits)
         self.content_filter = Filter(settings.content_filter)
+        self.counters = {d.name: PromptCounter(d.tokenizer) for d in settings.deployments}
         self.key_limits = {k.name: buckets_for(f"key:{k.name}", k.limits) for k in settings.keys}
 
     async def admit(
@@ -82,7 +76,7 @@ class Runtime:
         policy = resolve_policy(headers.get(EXTRA_PARAMS_HEADER), deployment.config.extra_parameters)
         apply_extra_params(request, policy)
         request.deployment = deployment.name
-        prompt_tokens = estimate_prompt_tokens(request.messages)
+        prompt_tokens = await self.counters[deployment.name].count(request.messages)
         capabilities.check(request, deployment.capabilities, prompt_tokens)
         if request.max_tokens is None:  # bounded like a model's answer, where the deployment says
             request.max_tokens = deployment.capabilities.default_max_tokens
