@@ -8,8 +8,10 @@ from typing import Annotated, NoReturn
 
 import orjson
 import typer
+from pydantic import ValidationError
 
-from gateway.config import ConfigError, Settings, load_settings
+from gateway.config import ConfigError, Key, Settings, load_settings
+from gateway.core.options import describe
 
 CONFIG_ENV = "CHATGATE_CONFIG"
 cli = typer.Typer(help="chatgate: a spec-driven chat-completions gateway.", no_args_is_help=True)
@@ -70,6 +72,7 @@ def serve(
         log_level=log_level.lower(),
         access_log=access_log,
         log_config=logging_config(log_level.lower()),
+        config_path=config.resolve() if config is not None else None,
     )
     try:
         code = run(options)
@@ -114,21 +117,82 @@ keys_cli = typer.Typer(help="Manage API keys.", no_args_is_help=True)
 cli.add_typer(keys_cli, name="keys")
 
 
+KeysFile = Annotated[
+    Path | None,
+    typer.Option("--file", help="The keys file to edit (the config's keys_file); the gateway reloads it."),
+]
+
+
 @keys_cli.command("new")
 def keys_new(
     name: Annotated[str, typer.Argument(help="A name for the key (shows in logs and metrics).")],
     deployment: Annotated[
         list[str] | None, typer.Option(help="A deployment the key may use (repeat; default all).")
     ] = None,
+    expires: Annotated[
+        str | None, typer.Option(help="When the key stops working: 2026-12-31 or 2026-12-31T18:00:00Z (UTC).")
+    ] = None,
+    file: KeysFile = None,
 ) -> None:
-    """Print a fresh key once, and the entry to paste under `keys:` in the config."""
+    """Print a fresh key once; add its entry to the keys file, or print the entry to paste under
+    `keys:` in the config."""
+    from gateway import keys_file
     from gateway.policy.auth import new_key
 
     key, sha256 = new_key()
-    deployments = ", ".join(f'"{d}"' for d in deployment) if deployment else '"*"'
+    entry: dict[str, object] = {"name": name, "sha256": sha256, "deployments": deployment or ["*"]}
+    if expires is not None:
+        entry["expires"] = expires
+    try:
+        Key.model_validate(entry)
+    except ValidationError as error:
+        fail(f"keys new: {describe(error)}")
+    if file is not None:
+        try:
+            keys_file.add(file, entry)
+        except ConfigError as error:
+            fail(str(error))
     typer.echo(f"key (shown once, store it now): {key}")
+    if file is not None:
+        typer.echo(f"added {name!r} to {file}")
+        return
     typer.echo("config entry:")
-    typer.echo(f'  - {{name: "{name}", sha256: "{sha256}", deployments: [{deployments}]}}')
+    typer.echo("  - " + orjson.dumps(entry).decode())
+
+
+@keys_cli.command("revoke")
+def keys_revoke(
+    name: Annotated[str, typer.Argument(help="The key's name.")],
+    file: KeysFile = None,
+) -> None:
+    """Take a key out of the keys file (a gateway watching it refuses the key within seconds)."""
+    from gateway import keys_file
+
+    if file is None:
+        fail("keys revoke: --file is needed (keys written in the config are removed by editing it)")
+    try:
+        keys_file.revoke(file, name)
+    except ConfigError as error:
+        fail(str(error))
+    typer.echo(f"revoked {name!r} in {file}")
+
+
+@keys_cli.command("list")
+def keys_list(file: KeysFile = None, config: ConfigOption = None) -> None:
+    """The keys of a keys file, or of a config (with its keys file): names, deployments, expiry."""
+    from gateway import keys_file
+
+    if file is not None:
+        try:
+            entries = keys_file.read(file)
+        except ConfigError as error:
+            fail(str(error))
+    else:
+        entries = [k.model_dump(mode="json") for k in settings_or_fail(config).keys]
+    for entry in entries:
+        deployments = ",".join(entry.get("deployments") or ["*"])
+        expires = entry.get("expires") or "never"
+        typer.echo(f"{entry['name']}\tdeployments: {deployments}\texpires: {expires}")
 
 
 @cli.command()

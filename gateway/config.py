@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -201,6 +201,12 @@ class Key(Strict):
     def sha256_from_file(cls, values: Any) -> Any:
         return from_file(values, "sha256")
 
+    @field_validator("expires")
+    @classmethod
+    def in_utc(cls, expires: datetime | None) -> datetime | None:
+        """A date or time without a zone is UTC."""
+        return expires.replace(tzinfo=UTC) if expires is not None and expires.tzinfo is None else expires
+
 
 class BreakerSettings(Strict):
     """After `failures` failures in a row the store is not asked for `reset_after` seconds:
@@ -316,6 +322,11 @@ class Settings(Strict):
         default_factory=default_mounts, json_schema_extra=lambda schema: schema.update(mounts_schema())
     )
     keys: list[Key] = Field(default_factory=list)
+    keys_file: Path | None = Field(
+        default=None,
+        description="a YAML list of more keys (`chatgate keys new/revoke/list --file`); the gateway "
+        "reloads it when it changes",
+    )
     rate_limits: RateLimiting = RateLimiting()
     content_filter: ContentFilter = ContentFilter()
     deployments: list[Deployment] = Field(
@@ -345,12 +356,21 @@ class Settings(Strict):
 
     @field_validator("deployments")
     @classmethod
-    def unique_names(cls, deployments: list[Deployment]) -> list[Deployment]:
+    def unique_deployment_names(cls, deployments: list[Deployment]) -> list[Deployment]:
         names = [d.name for d in deployments]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise ValueError(f"deployment names must be unique: {', '.join(duplicates)}")
         return deployments
+
+    @field_validator("keys")
+    @classmethod
+    def unique_key_names(cls, keys: list[Key]) -> list[Key]:
+        names = [k.name for k in keys]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"key names must be unique (config and keys file): {', '.join(duplicates)}")
+        return keys
 
     @model_validator(mode="after")
     def references_exist(self) -> Settings:
@@ -423,23 +443,33 @@ def check_backends(settings: Settings) -> None:
                 raise ConfigError(f"{where}.options.{problems} (replica {replica_name!r})") from None
 
 
-def load_settings(path: str | Path | None = None, environ: Mapping[str, str] | None = None) -> Settings:
-    """The config file (none: every dialect on echo), references expanded, fully validated."""
-    if path is None:
-        return Settings()
+def read_yaml(path: str | Path, what: str) -> Any:
     try:
-        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        return yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except OSError as error:
-        raise ConfigError(f"cannot read config {path}: {error.strerror or error}") from None
+        raise ConfigError(f"cannot read {what} {path}: {error.strerror or error}") from None
     except yaml.YAMLError as error:
         where = getattr(error, "problem_mark", None)
         at = f" (line {where.line + 1}, column {where.column + 1})" if where is not None else ""
         problem = getattr(error, "problem", None) or str(error).splitlines()[0]
-        raise ConfigError(f"config {path} is not valid YAML{at}: {problem}") from None
+        raise ConfigError(f"{what} {path} is not valid YAML{at}: {problem}") from None
+
+
+def load_settings(path: str | Path | None = None, environ: Mapping[str, str] | None = None) -> Settings:
+    """The config file (none: every dialect on echo), references expanded, the keys file's keys
+    added, fully validated."""
+    if path is None:
+        return Settings()
+    raw = read_yaml(path, "config") or {}
     if not isinstance(raw, dict):
         raise ConfigError(f"config {path}: the top level must be a mapping")
     try:
         raw = expand_references(raw, os.environ if environ is None else environ)
+        if raw.get("keys_file"):
+            more = read_yaml(raw["keys_file"], "keys file") or []
+            if not isinstance(more, list):
+                raise ConfigError(f"keys file {raw['keys_file']}: must be a list of keys")
+            raw = {**raw, "keys": [*(raw.get("keys") or []), *more]}
         settings = Settings.model_validate(raw)
         check_backends(settings)
     except ValidationError as error:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from backends import Backend, Capabilities, create_backend
@@ -108,8 +109,16 @@ class LiveDeployment:
 
 
 class Router:
-    def __init__(self, deployments: list[Deployment]) -> None:
-        self.deployments = {d.name: self.build(d) for d in deployments}
+    def __init__(
+        self, deployments: list[Deployment], kept: Mapping[str, LiveDeployment] | None = None
+    ) -> None:
+        """`kept`: a previous router's deployments, reused where their config is unchanged (a
+        reload keeps their backends, pools and health)."""
+        kept = kept or {}
+        self.deployments = {
+            d.name: kept[d.name] if d.name in kept and kept[d.name].config == d else self.build(d)
+            for d in deployments
+        }
         for live in self.deployments.values():
             live.fallbacks = [self.deployments[name] for name in live.config.fallback]
         self.by_model: dict[str, LiveDeployment] = {}

@@ -20,6 +20,7 @@ from gateway.policy.extra_params import HEADER as EXTRA_PARAMS_HEADER
 from gateway.policy.extra_params import apply_extra_params, resolve_policy
 from gateway.policy.limits import (
     Bucket,
+    Limiter,
     RawHeaders,
     buckets_for,
     create_limiter,
@@ -46,14 +47,20 @@ class Admission:
 
 
 class Runtime:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, previous: Runtime | None = None) -> None:
+        """`previous`: the runtime a reload replaces; what did not change is taken over from it
+        (deployments with their backends and health, the limit store and its counters, the
+        metrics), so a reload loses no state."""
         self.settings = settings
-        self.started = int(time.time())
-        self.router = Router(settings.deployments)
-        self.metrics = Metrics()
+        self.started: int = previous.started if previous else int(time.time())
+        self.router: Router = Router(settings.deployments, previous.router.deployments if previous else None)
+        self.metrics: Metrics = previous.metrics if previous else Metrics()
         self.dispatcher = Dispatcher(self.metrics, self.router.rng)
         self.keys = KeyStore(settings.keys)
-        self.limiter = create_limiter(settings.rate_limits)
+        same_store = previous is not None and previous.settings.rate_limits == settings.rate_limits
+        self.limiter: Limiter = (
+            previous.limiter if previous is not None and same_store else create_limiter(settings.rate_limits)
+        )
         self.content_filter = Filter(settings.content_filter)
         self.counters = {d.name: PromptCounter(d.tokenizer) for d in settings.deployments}
         self.key_limits = {k.name: buckets_for(f"key:{k.name}", k.limits) for k in settings.keys}
@@ -151,3 +158,13 @@ class Runtime:
     async def aclose(self) -> None:
         await self.router.aclose()
         await self.limiter.aclose()
+
+    async def retire(self, successor: Runtime) -> None:
+        """Close what this runtime had and its successor did not take over."""
+        taken = set(map(id, successor.router.deployments.values()))
+        for live in self.router.deployments.values():
+            if id(live) not in taken:
+                for replica in live.replicas:
+                    await replica.backend.aclose()
+        if self.limiter is not successor.limiter:
+            await self.limiter.aclose()

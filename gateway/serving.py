@@ -9,6 +9,7 @@ starting stops the whole gateway with its one-line reason; one that dies later i
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import logging
@@ -24,17 +25,19 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import uvicorn
 
-from gateway.config import ConfigError, Settings
+from gateway.config import ConfigError, Settings, load_settings
 from gateway.lifecycle import Lifecycle
 
 log = logging.getLogger("chatgate")
 STARTUP_FAILURE = 3  # a worker's exit code when it could not start (uvicorn's own convention)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 RESTART_PAUSE = 1.0  # seconds before replacing a worker that died, so a crash loop cannot spin
+WATCH_SECONDS = 2.0  # how often the config and keys files are looked at for changes
 
 
 class StartupError(Exception):
@@ -52,6 +55,7 @@ class ServeOptions:
     log_level: str
     access_log: bool
     log_config: dict[str, Any]
+    config_path: Path | None = None  # reloaded on SIGHUP or when it changes
 
 
 def bind(host: str, port: int, reuse_port: bool) -> socket.socket:
@@ -83,13 +87,54 @@ def serve(options: ServeOptions) -> int:
 
 
 class GatewayServer(uvicorn.Server):
-    """uvicorn's server with the gateway's way of stopping (see the module docstring)."""
+    """uvicorn's server with the gateway's way of stopping (see the module docstring) and of
+    taking a new config: SIGHUP, or a change to the config or keys file, reloads it (checked
+    first; a bad file is refused and logged, the running config stays)."""
 
-    def __init__(self, config: uvicorn.Config, lifecycle: Lifecycle, drain: float) -> None:
+    def __init__(
+        self, config: uvicorn.Config, lifecycle: Lifecycle, settings: Settings, config_path: Path | None
+    ) -> None:
         super().__init__(config)
         self.lifecycle = lifecycle
-        self.drain = drain
+        self.settings = settings
+        self.drain = settings.server.shutdown.drain
         self.drain_ends: float | None = None
+        self.config_path = config_path
+        self.reload_asked = False
+        self.watched = self.file_stamps()
+        self.watched_at = time.monotonic()
+        self.reloading: asyncio.Task[None] | None = None
+
+    def file_stamps(self) -> dict[Path, float]:
+        """The config file and the keys file it names, with their last modification times."""
+        files = [p for p in (self.config_path, self.settings.keys_file) if p is not None]
+        stamps = {}
+        for path in files:
+            with contextlib.suppress(OSError):
+                stamps[path] = path.stat().st_mtime
+        return stamps
+
+    def ask_reload(self, sig: int, frame: Any) -> None:
+        self.reload_asked = True
+
+    async def reload(self, why: str) -> None:
+        if self.config_path is None:
+            log.warning("%s: no config file to reload (chatgate serve --config FILE)", why)
+            return
+        try:
+            settings = load_settings(self.config_path)
+        except ConfigError as error:
+            log.error("%s: reload refused, the running config stays: %s", why, error)
+            return
+        if (settings.server, settings.mounts) != (self.settings.server, self.settings.mounts):
+            log.warning("%s: server and mounts settings change only with a restart", why)
+        await self.lifecycle.reload(settings)
+        self.settings = settings
+        self.watched = self.file_stamps()
+        log.info(
+            "%s: reloaded %s (%d deployments, %d keys)",
+            why, self.config_path, len(settings.deployments), len(settings.keys),
+        )  # fmt: skip
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -99,6 +144,7 @@ class GatewayServer(uvicorn.Server):
             yield
             return
         previous = {sig: signal.signal(sig, self.stop) for sig in STOP_SIGNALS}
+        previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, self.ask_reload)
         try:
             yield
         finally:
@@ -117,8 +163,18 @@ class GatewayServer(uvicorn.Server):
         )
 
     async def on_tick(self, counter: int) -> bool:
-        if self.drain_ends is not None and time.monotonic() >= self.drain_ends:
+        now = time.monotonic()
+        if self.drain_ends is not None and now >= self.drain_ends:
             return True
+        why = None
+        if self.reload_asked:
+            self.reload_asked, why = False, "SIGHUP"
+        elif now - self.watched_at >= WATCH_SECONDS:
+            self.watched_at = now
+            if self.file_stamps() != self.watched:
+                why = "config changed"
+        if why is not None and (self.reloading is None or self.reloading.done()):
+            self.reloading = asyncio.get_running_loop().create_task(self.reload(why))
         return await super().on_tick(counter)
 
 
@@ -158,7 +214,7 @@ def run_worker(options: ServeOptions, sock: socket.socket) -> int:
         # seconds (a float works; 0 must not read as None, "wait forever")
         timeout_graceful_shutdown=max(settings.server.shutdown.deadline, 0.001),  # type: ignore[arg-type]
     )
-    server = GatewayServer(config, lifecycle, settings.server.shutdown.drain)
+    server = GatewayServer(config, lifecycle, settings, options.config_path)
     host, port = sock.getsockname()[:2]
     log.info("chatgate serving on http://%s:%d (process %d)", host, port, os.getpid())
     try:
@@ -202,6 +258,7 @@ class Supervisor:
             metrics_dir = os.environ[MULTIPROC_ENV] = tempfile.mkdtemp(prefix="chatgate-metrics-")
         for sig in STOP_SIGNALS:
             signal.signal(sig, lambda *_: self.stopping.set())
+        signal.signal(signal.SIGHUP, self.pass_on_sighup)
         try:
             self.processes = [self.start(i) for i in range(len(self.sockets))]
             while not self.stopping.wait(0.2):
@@ -224,6 +281,12 @@ class Supervisor:
             if own_dir and metrics_dir is not None:
                 shutil.rmtree(metrics_dir, ignore_errors=True)
                 os.environ.pop(MULTIPROC_ENV, None)
+
+    def pass_on_sighup(self, sig: int, frame: Any) -> None:
+        """Each worker reloads on its own (each holds its own runtime)."""
+        for process in self.processes:
+            if process.is_alive() and process.pid is not None:
+                os.kill(process.pid, signal.SIGHUP)
 
     def stop_all(self) -> None:
         """SIGTERM to every worker; each drains and finishes on its own clock, then exits."""

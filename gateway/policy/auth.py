@@ -9,6 +9,7 @@ import hmac
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from gateway.config import Key
@@ -60,6 +61,10 @@ class KeyStore:
         return found
 
 
+def expired(key: Key) -> bool:
+    return key.expires is not None and key.expires <= datetime.now(UTC)
+
+
 @dataclass(frozen=True, slots=True)
 class Scheme:
     """Where an operation's document says a key is presented."""
@@ -100,6 +105,9 @@ def authenticate(store: KeyStore, schemes: tuple[Scheme, ...], headers: Mapping[
                 problem = "Invalid authorization header"
                 continue
         if key := store.find(presented):
-            return Caller(key)
+            if not expired(key):
+                return Caller(key)
+            problem = "Provided key has expired"
+            continue
         problem = "Provided key is not valid"
     raise Unauthorized(problem)
