@@ -23,6 +23,7 @@ def main_callback() -> None:
 
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+LOG_FORMATS = ("text", "json")
 ConfigOption = Annotated[
     Path | None,
     typer.Option(
@@ -52,6 +53,7 @@ def serve(
     workers: Annotated[int, typer.Option(help="Worker processes (share limits through Redis).")] = 1,
     log_level: Annotated[str, typer.Option(help=f"Log level: {', '.join(LOG_LEVELS)}.")] = "info",
     access_log: Annotated[bool, typer.Option(help="One JSON line per chat request on stdout.")] = True,
+    log_format: Annotated[str, typer.Option(help="text, or json: one JSON object a log line.")] = "text",
 ) -> None:
     """Serve every configured dialect."""
     from gateway.serving import ServeOptions, StartupError
@@ -59,6 +61,8 @@ def serve(
 
     if log_level.lower() not in LOG_LEVELS:
         fail(f"--log-level: {log_level!r} is not one of {', '.join(LOG_LEVELS)}")
+    if log_format not in LOG_FORMATS:
+        fail(f"--log-format: {log_format!r} is not one of {', '.join(LOG_FORMATS)}")
     if workers < 1:
         fail(f"--workers: {workers} is not a number of processes (1 or more)")
     if port is not None and not 0 <= port <= 65535:
@@ -71,7 +75,7 @@ def serve(
         workers=workers,
         log_level=log_level.lower(),
         access_log=access_log,
-        log_config=logging_config(log_level.lower()),
+        log_config=logging_config(log_level.lower(), log_format),
         config_path=config.resolve() if config is not None else None,
     )
     try:
@@ -81,13 +85,17 @@ def serve(
     raise typer.Exit(code)
 
 
-def logging_config(level: str) -> dict:
-    """uvicorn's logging, plus the root logger at `level`."""
+def logging_config(level: str, log_format: str = "text") -> dict:
+    """uvicorn's logging, plus the root logger at `level`; with `json`, every record a JSON line."""
     import uvicorn
 
     config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
     config["loggers"][""] = {"handlers": ["default"], "level": level.upper()}
     config["loggers"]["uvicorn"]["level"] = level.upper()
+    if log_format == "json":
+        for formatter in config["formatters"].values():
+            formatter.clear()
+            formatter["()"] = "gateway.log_format.JSONFormatter"
     return config
 
 

@@ -67,3 +67,25 @@ def test_no_access_log_writes_none(tmp_path: Path):
         response = httpx.post(f"{url}/v1/chat/completions", json={"model": "echo", "messages": USER})
     assert response.status_code == 200
     assert access_lines(next(tmp_path.glob("gateway-*.log"))) == []
+
+
+def test_every_log_line_is_json_with_log_format_json(tmp_path: Path):
+    """`--log-format json` (the image's default): start-up, requests, errors and the stop, every
+    line on stdout and stderr is one JSON object."""
+    import json
+    import signal
+
+    from tests.gateway_process import gateway_process
+
+    with gateway_process(tmp_path, None, "--log-format", "json") as gateway:
+        httpx.post(f"{gateway.url}/v1/chat/completions", json={"model": "echo", "messages": "bad"})
+        httpx.post(
+            f"{gateway.url}/v1/chat/completions",
+            json={"model": "echo", "messages": [{"role": "user", "content": "hi"}]},
+        )
+        gateway.signal(signal.SIGTERM)
+        assert gateway.wait(20) == 0
+        lines = [line for line in gateway.output().splitlines() if line.strip()]
+    records = [json.loads(line) for line in lines]  # raises on any line that is not JSON
+    assert any(r.get("level") == "info" and "serving on" in r.get("message", "") for r in records)
+    assert sum(1 for r in records if "request_id" in r) == 2  # the two access lines
