@@ -316,6 +316,16 @@ class Server(Strict):
     )
 
 
+class TracingSettings(Strict):
+    """OpenTelemetry traces (gateway/tracing.py); also on when OTEL_TRACES_EXPORTER is set.
+    The exporter's endpoint and headers come from the standard OTEL_EXPORTER_OTLP_* variables."""
+
+    enabled: bool = False
+    exporter: Literal["otlp", "console", "none"] = "otlp"
+    service_name: str = "chatgate"
+    sample_ratio: float = Field(default=1.0, ge=0, le=1, description="of traces that have no parent")
+
+
 class Settings(Strict):
     server: Server = Server()
     mounts: dict[str, str | None] = Field(
@@ -329,6 +339,7 @@ class Settings(Strict):
     )
     rate_limits: RateLimiting = RateLimiting()
     content_filter: ContentFilter = ContentFilter()
+    tracing: TracingSettings = TracingSettings()
     deployments: list[Deployment] = Field(
         default_factory=lambda: [Deployment(name="echo", backend="echo", models=["*"])],
         min_length=1,

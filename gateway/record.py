@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(slots=True)
@@ -26,6 +27,9 @@ class RequestRecord:
     retries: int = 0
     error_code: str = ""
     rate_limited: str = ""  # "requests" / "tokens" when a limit refused the request
+    model: str = ""  # as the request named it (or the deployment's)
+    backend: str = ""  # the kind of backend that answered
+    span: Any = None  # its OpenTelemetry server span, when tracing is on
 
     def first_token(self) -> None:
         if self.first_token_at is None:

@@ -1,0 +1,134 @@
+"""OpenTelemetry traces, off unless asked for (`tracing.enabled: true`, or the standard
+`OTEL_TRACES_EXPORTER` variable set to something else than `none`).
+
+One server span per request (its parent from the client's W3C `traceparent`, if any) and one
+client span per attempt at an upstream, so retries and fallbacks show as siblings. Attributes
+follow OpenTelemetry's GenAI conventions (`gen_ai.operation.name`, `gen_ai.system`,
+`gen_ai.request.model`, `gen_ai.usage.input_tokens` …) plus chatgate's own (`chatgate.dialect`,
+`chatgate.deployment`, `chatgate.replica`, `chatgate.key` — the key's name, never the key).
+Spans go to an OTLP exporter configured by the standard `OTEL_EXPORTER_OTLP_*` variables.
+
+Off, nothing here runs: callers hold `None` and test for it once per request or attempt.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from gateway.config import TracingSettings
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span, Tracer
+
+    from gateway.record import RequestRecord
+
+# what each backend kind is, in gen_ai.system's words
+GEN_AI_SYSTEMS = {
+    "openai-compatible": "openai",
+    "tgi": "huggingface_tgi",
+    "local": "transformers",
+    "echo": "chatgate",
+}
+
+
+def wanted(settings: TracingSettings, environ: Mapping[str, str] = os.environ) -> bool:
+    exporter = environ.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    return settings.enabled or exporter not in ("", "none")
+
+
+class Tracing:
+    def __init__(self, settings: TracingSettings) -> None:
+        from opentelemetry.propagators.textmap import DefaultGetter
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+        from opentelemetry.trace import SpanKind
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        resource = Resource.create(
+            {"service.name": os.environ.get("OTEL_SERVICE_NAME", settings.service_name)}
+        )
+        self.provider = TracerProvider(
+            resource=resource, sampler=ParentBased(TraceIdRatioBased(settings.sample_ratio))
+        )
+        if settings.exporter == "otlp":
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+            self.provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        elif settings.exporter == "console":
+            from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+            self.provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
+        self.tracer: Tracer = self.provider.get_tracer("chatgate")
+        self.propagator = TraceContextTextMapPropagator()
+        self.getter = DefaultGetter()
+        self.server_kind, self.client_kind = SpanKind.SERVER, SpanKind.CLIENT
+
+    def server_span(self, method: str, path: str, headers: Mapping[str, str], request_id: str) -> Span:
+        parent = self.propagator.extract(headers, getter=self.getter)  # the client's traceparent
+        return self.tracer.start_span(
+            f"{method} {path}",
+            context=parent,
+            kind=self.server_kind,
+            attributes={"http.request.method": method, "url.path": path, "chatgate.request_id": request_id},
+        )
+
+    def client_span(self, parent: Span, deployment: str, replica: str, backend: str, model: str) -> Span:
+        from opentelemetry.trace import set_span_in_context
+
+        return self.tracer.start_span(
+            f"chat {model}",
+            context=set_span_in_context(parent),
+            kind=self.client_kind,
+            attributes={
+                "gen_ai.operation.name": "chat",
+                "gen_ai.system": GEN_AI_SYSTEMS.get(backend, backend),
+                "gen_ai.request.model": model,
+                "chatgate.deployment": deployment,
+                "chatgate.replica": replica,
+            },
+        )
+
+    def traceparent(self, span: Span) -> dict[str, str]:
+        """The W3C headers that carry `span` to an upstream."""
+        from opentelemetry.trace import set_span_in_context
+
+        carrier: dict[str, str] = {}
+        self.propagator.inject(carrier, context=set_span_in_context(span))
+        return carrier
+
+    @staticmethod
+    def end_server_span(span: Span, record: RequestRecord) -> None:
+        from opentelemetry.trace import Status, StatusCode
+
+        attributes: dict[str, Any] = {
+            "http.response.status_code": record.status,
+            "gen_ai.operation.name": "chat",
+            "chatgate.dialect": record.dialect,
+            "chatgate.deployment": record.deployment,
+            "chatgate.replica": record.replica,
+            "chatgate.key": record.key,
+            "chatgate.retries": record.retries,
+            "gen_ai.usage.input_tokens": record.prompt_tokens,
+            "gen_ai.usage.output_tokens": record.completion_tokens,
+        }
+        if record.model:
+            attributes["gen_ai.request.model"] = record.model
+        if record.backend:
+            attributes["gen_ai.system"] = GEN_AI_SYSTEMS.get(record.backend, record.backend)
+        span.set_attributes({k: v for k, v in attributes.items() if v not in ("", None)})
+        if record.error_code:
+            span.set_attribute("error.type", record.error_code)
+        if record.status >= 500 or (record.error_code and record.status < 400):
+            span.set_status(Status(StatusCode.ERROR, record.error_code or str(record.status)))
+        span.end()
+
+    def shutdown(self) -> None:
+        self.provider.shutdown()
+
+
+def create_tracing(settings: TracingSettings) -> Tracing | None:
+    return Tracing(settings) if wanted(settings) else None
