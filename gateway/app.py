@@ -123,6 +123,7 @@ class Live:
         self.runtime, self.handlers = runtime, self.handlers_on(runtime)
         if self.front_door is not None:
             self.front_door.key_store = runtime.keys
+            self.front_door.tracing = runtime.tracing
         task = asyncio.get_running_loop().create_task(
             self.retire(previous, settings.server.shutdown.deadline)
         )
@@ -168,6 +169,7 @@ def create_app(
         access_log=access_log or AccessLog(None),
         max_body_bytes=settings.server.max_body_bytes,
         fallback=fallback,
+        tracing=live.runtime.tracing,
     )
     app = ConnexionMiddleware(
         not_found(fallback),

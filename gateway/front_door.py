@@ -45,6 +45,7 @@ from gateway.metrics import Metrics
 from gateway.policy.auth import ANONYMOUS, KeyStore, Scheme, authenticate, schemes_of
 from gateway.record import RequestRecord
 from gateway.served_documents import served_bodies
+from gateway.tracing import Tracing
 from gateway.validation import compile_schema, parse_and_validate, read_body
 
 log = logging.getLogger("chatgate")
@@ -68,6 +69,7 @@ class Parameter:
 
 @dataclass(frozen=True, slots=True)
 class Operation:
+    route: str  # its path as the document writes it, under its mount
     operation_id: str
     handler: Handler
     translator: OpenAIShaped | None  # renders its errors (None: the gateway's own endpoints)
@@ -106,6 +108,10 @@ def typed(value: str, kind: str | None) -> Any:
     return value
 
 
+def headers_of(scope: Scope) -> dict[str, str]:
+    return {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
+
+
 def template_pattern(path: str) -> re.Pattern[str]:
     """`/models/{model}` → a pattern whose groups are the path parameters."""
     parts = re.split(r"\{([^}]+)\}", path)
@@ -123,6 +129,7 @@ class FrontDoor(SpecMiddleware):
         access_log: AccessLog,
         max_body_bytes: int,
         fallback: OpenAIShaped,
+        tracing: Tracing | None = None,
     ) -> None:
         self.app = app  # what lies behind: Connexion's Swagger UI, the lifespan
         self.key_store = key_store
@@ -130,6 +137,7 @@ class FrontDoor(SpecMiddleware):
         self.access_log = access_log
         self.max_body_bytes = max_body_bytes
         self.fallback = fallback  # renders errors off every mount
+        self.tracing = tracing  # None: off
         self.exact: dict[str, dict[str, Operation]] = {}
         self.templated: list[tuple[re.Pattern[str], dict[str, Operation]]] = []
         self.mounts: list[Mount] = []  # longest prefix first
@@ -163,6 +171,7 @@ class FrontDoor(SpecMiddleware):
                     method.upper(),
                     mount + path,
                     Operation(
+                        route=mount + path,
                         operation_id=operation_id,
                         handler=handlers[operation_id],
                         translator=translator,
@@ -179,7 +188,7 @@ class FrontDoor(SpecMiddleware):
 
     def add_route(self, method: str, path: str, handler: Handler) -> None:
         """One of the gateway's own endpoints (/health …): public, unrecorded."""
-        self.add(method, path, Operation(path, handler, None, (), (), None))
+        self.add(method, path, Operation(path, path, handler, None, (), (), None))
 
     def add(self, method: str, path: str, operation: Operation) -> None:
         if "{" in path:
@@ -286,6 +295,10 @@ class FrontDoor(SpecMiddleware):
         if operation is not None and operation.dialect:
             record = RequestRecord(request_id.decode(), method, path, dialect=operation.dialect)
             self.metrics.started()
+            if self.tracing is not None:
+                record.span = self.tracing.server_span(
+                    method, operation.route, headers_of(scope), record.request_id
+                )
         try:
             response = await self.answer(scope, receive, operation, path_params, methods, request_id, record)
             await response(scope, receive, self.with_request_id(send, request_id, record))
@@ -296,6 +309,8 @@ class FrontDoor(SpecMiddleware):
                     record.status = 499  # the client went away before an answer started
                 self.metrics.finished(record, seconds)
                 self.access_log.write(record, seconds)
+                if record.span is not None and self.tracing is not None:
+                    self.tracing.end_server_span(record.span, record)
 
     async def answer(
         self,
@@ -317,9 +332,7 @@ class FrontDoor(SpecMiddleware):
                     f"Method {scope['method']} not allowed for {path}",
                     headers={"Allow": ", ".join(sorted(methods))},
                 )
-            headers: dict[str, str] = {}
-            for name, value in scope["headers"]:
-                headers[name.decode("latin-1")] = value.decode("latin-1")
+            headers = headers_of(scope)
             caller = ANONYMOUS
             if operation.schemes:
                 caller = authenticate(self.key_store, operation.schemes, headers)

@@ -46,6 +46,8 @@ class ChatPipeline:
         call.record.stream = request.stream
         deployment_name = call.headers.get(self.routing_header) if self.routing_header else None
         admission = await runtime.admit(request, call.headers, call.caller, call.record, deployment_name)
+        call.record.model = request.model or admission.deployment.model
+        call.record.backend = admission.deployment.config.backend
         events = runtime.generate(admission, request, call.record)
         answer = Answer(
             id=translator.id_prefix + os.urandom(16).hex(),

@@ -31,6 +31,7 @@ from gateway.policy.limits import (
 from gateway.policy.token_count import PromptCounter
 from gateway.record import RequestRecord
 from gateway.router import LiveDeployment, Router
+from gateway.tracing import Tracing, create_tracing
 
 
 @dataclass(slots=True)
@@ -62,6 +63,10 @@ class Runtime:
             previous.limiter if previous is not None and same_store else create_limiter(settings.rate_limits)
         )
         self.content_filter = Filter(settings.content_filter)
+        same_tracing = previous is not None and previous.settings.tracing == settings.tracing
+        self.tracing: Tracing | None = (
+            previous.tracing if previous is not None and same_tracing else create_tracing(settings.tracing)
+        )
         self.counters = {d.name: PromptCounter(d.tokenizer) for d in settings.deployments}
         self.key_limits = {k.name: buckets_for(f"key:{k.name}", k.limits) for k in settings.keys}
 
@@ -158,6 +163,8 @@ class Runtime:
     async def aclose(self) -> None:
         await self.router.aclose()
         await self.limiter.aclose()
+        if self.tracing is not None:
+            self.tracing.shutdown()
 
     async def retire(self, successor: Runtime) -> None:
         """Close what this runtime had and its successor did not take over."""
@@ -168,3 +175,5 @@ class Runtime:
                     await replica.backend.aclose()
         if self.limiter is not successor.limiter:
             await self.limiter.aclose()
+        if self.tracing is not None and self.tracing is not successor.tracing:
+            self.tracing.shutdown()
