@@ -1,7 +1,7 @@
 """Log lines written by a thread of their own, so a reader that stalls never stalls the gateway.
 
-A line is queued (no waiting: a few hundred nanoseconds); the writer thread takes whatever is
-queued and writes it in one go. When the reader of stdout or stderr stops reading, the writer
+A line is queued (no waiting: well under a microsecond); the writer thread takes whatever is
+queued every 20 ms and writes it in one go. When the reader of stdout or stderr stops reading, the writer
 blocks, the queue fills, and further lines are dropped and counted
 (`chatgate_log_lines_dropped_total`) while requests keep flowing. The gateway's own log records
 (`logging`) go through the same kind of queue (`DroppingQueueHandler`).
@@ -9,14 +9,17 @@ blocks, the queue fills, and further lines are dropped and counted
 
 from __future__ import annotations
 
+import collections
 import logging
 import logging.handlers
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import TextIO
 
 CAPACITY = 10_000  # lines held while the reader is away
+WRITE_EVERY = 0.02  # seconds the writer sleeps when there is nothing to write
 
 
 def no_count() -> None:
@@ -29,25 +32,26 @@ class LineSink:
     ) -> None:
         self.stream = stream
         self.on_drop = on_drop
-        self.lines: queue.SimpleQueue[str] = queue.SimpleQueue()
+        # a deque's append is atomic and wakes no one: the writer looks every WRITE_EVERY
+        # seconds (a queue that woke the writer per line cost about 9 µs a request)
+        self.lines: collections.deque[str] = collections.deque()
         self.capacity = capacity
         self.thread = threading.Thread(target=self.drain, name="log-writer", daemon=True)
         self.thread.start()
 
     def write_line(self, line: str) -> None:
-        if self.lines.qsize() >= self.capacity:
+        if len(self.lines) >= self.capacity:
             self.on_drop()
             return
-        self.lines.put(line)
+        self.lines.append(line)
 
     def drain(self) -> None:
+        lines = self.lines
         while True:
-            batch = [self.lines.get()]
-            while len(batch) < 1000:
-                try:
-                    batch.append(self.lines.get_nowait())
-                except queue.Empty:
-                    break
+            if not lines:
+                time.sleep(WRITE_EVERY)
+                continue
+            batch = [lines.popleft() for _ in range(min(len(lines), 1000))]
             try:
                 self.stream.write("".join(batch))
                 self.stream.flush()
