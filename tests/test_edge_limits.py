@@ -223,3 +223,19 @@ def test_a_slowloris_does_not_slow_anyone_else(gateway: GatewayProcess, tmp_path
     closed, held, refused = map(int, output.split())
     assert closed == 500 and held == 0 and refused == 0, output
     assert during < before * 1.2, (before, during)
+
+
+def test_connections_past_the_cap_are_closed_at_once(tmp_path: Path):
+    """A worker holds at most `max_connections`; the next is closed before it can hold anything,
+    and those held are served as usual."""
+    with gateway_process(tmp_path, {"server": {"clients": {"max_connections": 5}}}) as small:
+        held = [socket.create_connection(address(small), timeout=5) for _ in range(5)]
+        try:
+            time.sleep(0.3)
+            with socket.create_connection(address(small), timeout=5) as extra:
+                assert extra.recv(1024) == b""  # closed by the gateway
+            held[0].sendall(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+            assert b"200 OK" in held[0].recv(65536)
+        finally:
+            for sock in held:
+                sock.close()
