@@ -45,6 +45,7 @@ from gateway.metrics import Metrics
 from gateway.policy.auth import ANONYMOUS, KeyStore, Scheme, authenticate, schemes_of
 from gateway.record import RequestRecord
 from gateway.served_documents import served_bodies
+from gateway.spec import resolve
 from gateway.tracing import Tracing
 from gateway.validation import compile_schema, parse_and_validate, read_body
 
@@ -201,25 +202,16 @@ class FrontDoor(SpecMiddleware):
         else:
             self.exact.setdefault(path, {})[method] = operation
 
-    @staticmethod
-    def resolve(document: dict[str, Any], node: Any) -> Any:
-        while isinstance(node, dict) and "$ref" in node:
-            target: Any = document
-            for part in node["$ref"].removeprefix("#/").split("/"):
-                target = target[part]
-            node = target
-        return node
-
     def compile_parameters(
         self, document: dict[str, Any], item: dict[str, Any], operation: dict[str, Any]
     ) -> tuple[Parameter, ...]:
         found = []
         for raw in [*item.get("parameters", []), *operation.get("parameters", [])]:
-            parameter = self.resolve(document, raw)
+            parameter = resolve(document, raw)
             location = parameter["in"]
             if location not in ("query", "header", "path"):
                 continue
-            schema = self.resolve(document, parameter.get("schema", {}))
+            schema = resolve(document, parameter.get("schema", {}))
             found.append(
                 Parameter(
                     name=parameter["name"].lower() if location == "header" else parameter["name"],
@@ -235,14 +227,12 @@ class FrontDoor(SpecMiddleware):
     def compile_body(
         self, document: dict[str, Any], operation: dict[str, Any]
     ) -> jsonschema_rs.Draft4Validator | None:
-        body = self.resolve(document, operation.get("requestBody"))
+        body = resolve(document, operation.get("requestBody"))
         if not body:
             return None
         schema = body.get("content", {}).get(JSON_MEDIA_TYPE, {}).get("schema")
         return (
-            None
-            if schema is None
-            else compile_schema(self.resolve(document, schema), document.get("components"))
+            None if schema is None else compile_schema(resolve(document, schema), document.get("components"))
         )
 
     # ----- per request ---------------------------------------------------------------------

@@ -27,6 +27,16 @@ def load_document(file_name: str) -> dict[str, Any]:
         return yaml.safe_load(handle)
 
 
+def resolve(document: dict[str, Any], node: Any) -> Any:
+    """`node`, its local `$ref`s followed within `document`."""
+    while isinstance(node, dict) and "$ref" in node:
+        target: Any = document
+        for part in node["$ref"].removeprefix("#/").split("/"):
+            target = target[part]
+        node = target
+    return node
+
+
 @dataclass
 class DialectSpec:
     """One dialect's document and what the policy layer needs from it."""
@@ -35,12 +45,7 @@ class DialectSpec:
     chat_operation_ids: frozenset[str]
 
     def resolve(self, node: Any) -> Any:
-        while isinstance(node, dict) and "$ref" in node:
-            target: Any = self.document
-            for part in node["$ref"].removeprefix("#/").split("/"):
-                target = target[part]
-            node = target
-        return node
+        return resolve(self.document, node)
 
     def operations(self) -> dict[str, dict[str, Any]]:
         found = {}

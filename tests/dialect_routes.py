@@ -9,7 +9,7 @@ from typing import Any
 
 from gateway.config import Settings
 from gateway.dialects import DIALECTS
-from gateway.spec import load_document
+from gateway.spec import load_document, resolve
 
 
 @dataclass(frozen=True)
@@ -31,15 +31,6 @@ class ChatRoute:
         if self.requires_model:
             body.setdefault("model", model)
         return body
-
-
-def resolve(document: dict[str, Any], node: Any) -> Any:
-    while isinstance(node, dict) and "$ref" in node:
-        target: Any = document
-        for part in node["$ref"].removeprefix("#/").split("/"):
-            target = target[part]
-        node = target
-    return node
 
 
 def schema_name(node: dict[str, Any]) -> str:

@@ -7,7 +7,7 @@ from typing import Any
 
 import jsonschema_rs
 
-from gateway.spec import load_document
+from gateway.spec import load_document, resolve
 from gateway.validation import to_json_schema
 
 
@@ -18,15 +18,6 @@ def document(spec_file: str) -> dict[str, Any]:
 
 def operation(spec_file: str, path: str, method: str) -> dict[str, Any]:
     return document(spec_file)["paths"][path][method]
-
-
-def resolve(root: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
-    while "$ref" in node:
-        target: Any = root
-        for part in node["$ref"].removeprefix("#/").split("/"):
-            target = target[part]
-        node = target
-    return node
 
 
 def response_errors(

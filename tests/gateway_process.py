@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
 
-from tests.servers import ROOT, free_port, wait_until_healthy
+from tests.servers import started_gateway
 
 
 class GatewayProcess:
@@ -34,22 +32,9 @@ class GatewayProcess:
 @contextmanager
 def gateway_process(tmp_path: Path, config: dict | None = None, *args: str) -> Iterator[GatewayProcess]:
     """Start `chatgate serve` with this config (a dict, written as YAML) and wait until healthy."""
-    port = free_port()
-    command = [sys.executable, "-m", "gateway", "serve", "--port", str(port), *args]
+    path = None
     if config is not None:
-        path = tmp_path / f"chatgate-{port}.yaml"
+        path = tmp_path / f"chatgate-{len(list(tmp_path.glob('chatgate-*.yaml')))}.yaml"
         path.write_text(yaml.safe_dump(config))
-        command += ["--config", str(path)]
-    log = tmp_path / f"gateway-{port}.log"
-    with log.open("wb") as sink:
-        process = subprocess.Popen(
-            command, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT, env={**os.environ}
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until_healthy(url, process, log)
+    with started_gateway(tmp_path, path, *args) as (process, url, log):
         yield GatewayProcess(process, url, log)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()

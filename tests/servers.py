@@ -42,8 +42,10 @@ def wait_until_healthy(url: str, process: subprocess.Popen, log: Path, timeout: 
 
 
 @contextmanager
-def running_gateway(log_dir: Path, config: Path | None = None, *args: str) -> Iterator[str]:
-    """Yield the base URL of a chatgate server running in its own process."""
+def started_gateway(
+    log_dir: Path, config: Path | None = None, *args: str
+) -> Iterator[tuple[subprocess.Popen, str, Path]]:
+    """A `chatgate serve` process, healthy: (the process, its base URL, its log)."""
     port = free_port()
     log = log_dir / f"gateway-{port}.log"
     command = [sys.executable, "-m", "gateway", "serve", "--port", str(port), *args]
@@ -56,11 +58,19 @@ def running_gateway(log_dir: Path, config: Path | None = None, *args: str) -> It
     url = f"http://127.0.0.1:{port}"
     try:
         wait_until_healthy(url, process, log)
-        yield url
+        yield process, url, log
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+@contextmanager
+def running_gateway(log_dir: Path, config: Path | None = None, *args: str) -> Iterator[str]:
+    """Yield the base URL of a chatgate server running in its own process."""
+    with started_gateway(log_dir, config, *args) as (_process, url, _log):
+        yield url
