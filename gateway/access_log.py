@@ -53,5 +53,6 @@ class AccessLog:
             "completion_tokens": trace.completion_tokens,
             "retries": trace.retries,
             "error": trace.error_code or None,
+            "upstream_request_id": trace.upstream_request_id,
         }
         self.sink.write_line(orjson.dumps(record).decode() + "\n")

@@ -23,6 +23,7 @@ from gateway.access_log import AccessLog
 from gateway.call import Call
 from gateway.config import Settings
 from gateway.core.errors import NotFound
+from gateway.core.memory import return_large_blocks
 from gateway.dialects import DIALECTS
 from gateway.dialects.shape import DocumentFacts, OpenAIShaped
 from gateway.front_door import FrontDoor
@@ -94,6 +95,7 @@ def create_app(
         # counting; the default (a young-generation scan every 700) ran a scan every couple of
         # requests. Every 20,000 cost about 8% less CPU per request in the benchmark.
         gc.set_threshold(YOUNG_GC_THRESHOLD, *gc.get_threshold()[1:])
+        return_large_blocks()  # a large answer's memory goes back to the system (gateway/core/memory.py)
         yield
         await runtime.aclose()
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from gateway.core.trace import Trace
+
 
 @dataclass(slots=True)
 class RequestRecord:
@@ -24,11 +26,17 @@ class RequestRecord:
     completion_tokens: int = 0
     retries: int = 0
     error_code: str = ""
+    ids: Trace | None = None  # the ids sent upstream with the request, and the upstream's own
     rate_limited: str = ""  # "requests" / "tokens" when a limit refused the request
 
     def first_token(self) -> None:
         if self.first_token_at is None:
             self.first_token_at = time.perf_counter()
+
+    @property
+    def upstream_request_id(self) -> str | None:
+        """The x-request-id the upstream (its last try) answered with."""
+        return None if self.ids is None else self.ids.upstream_request_id
 
     @property
     def ttft(self) -> float | None:
