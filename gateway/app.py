@@ -46,8 +46,10 @@ def gateway_endpoints(runtime: Runtime, lifecycle: Lifecycle) -> dict[str, Any]:
         return Response(b'{"status":"ok"}', media_type=JSON)
 
     async def ready(call: Call) -> Response:
-        """Readiness: not draining, every deployment has a healthy replica, and the rate-limit
-        store answers where the gateway refuses requests without it (fail-closed)."""
+        """Readiness: 503 while draining, or while the rate-limit store does not answer where the
+        gateway refuses requests without it (fail-closed). A deployment whose every replica is
+        ejected makes it "degraded", still 200: its requests still try them (panic routing), and
+        taking the gateway out of its load balancer would fail every other deployment too."""
         unhealthy = runtime.router.unhealthy()
         store_reachable = await runtime.limiter.reachable()
         limits = settings.rate_limits
@@ -55,12 +57,15 @@ def gateway_endpoints(runtime: Runtime, lifecycle: Lifecycle) -> dict[str, Any]:
         store_needed = store_needed and limits.redis is not None and limits.redis.on_error == "fail-closed"
         if lifecycle.draining:
             status = "draining"
-        elif unhealthy or (store_needed and not store_reachable):
+        elif store_needed and not store_reachable:
             status = "unavailable"
+        elif unhealthy:
+            status = "degraded"
         else:
             status = "ready"
         body = {"status": status, "unhealthy": unhealthy, "limit_store_reachable": store_reachable}
-        return Response(orjson.dumps(body), status_code=200 if status == "ready" else 503, media_type=JSON)
+        code = 200 if status in ("ready", "degraded") else 503
+        return Response(orjson.dumps(body), status_code=code, media_type=JSON)
 
     async def metrics(call: Call) -> Response:
         return Response(runtime.metrics.exposition(), media_type=runtime.metrics.content_type)
