@@ -2,17 +2,19 @@
 CA, a client certificate, or no check at all) and the connect timeout. Every HTTP backend's
 options take these fields (`NetworkOptions`), so a deployment says them the same way whatever
 its backend; `proxy_for` and `ssl_context` turn them into what a client library takes, once, at
-start.
+start. The certificate files are read then, when the backend is built: a missing or bad one stops
+the gateway naming it, and `chatgate config check` passes where the secrets are not mounted.
 """
 
 from __future__ import annotations
 
 import ssl
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, Field, FilePath, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 PROXY_FROM_ENVIRONMENT = "env"
 NO_PROXY = "none"
@@ -28,15 +30,15 @@ class NetworkOptions(BaseModel):
         'once, at start. "none": connect directly. Or the proxy\'s URL, '
         "http://[user:password@]host:port (an https upstream is reached through it with CONNECT).",
     )
-    ca_file: FilePath | None = Field(
+    ca_file: Path | None = Field(
         default=None,
         description="PEM file of the CA certificates an https upstream's certificate is checked "
         "against, in place of the system's (a private CA).",
     )
-    client_cert: FilePath | None = Field(
+    client_cert: Path | None = Field(
         default=None, description="PEM certificate presented to an upstream that asks for one (mTLS)."
     )
-    client_key: FilePath | None = Field(
+    client_key: Path | None = Field(
         default=None, description="Its private key (PEM), when client_cert does not hold it."
     )
     verify: bool = Field(
@@ -72,14 +74,22 @@ class NetworkOptions(BaseModel):
         return environment_proxy(url, environment)
 
     def ssl_context(self) -> ssl.SSLContext:
-        """The TLS settings for an https upstream (files are read now: a bad one fails at start)."""
-        context = ssl.create_default_context(cafile=str(self.ca_file) if self.ca_file else None)
+        """The TLS settings for an https upstream (files are read now: a bad one fails at start,
+        named)."""
+        try:
+            context = ssl.create_default_context(cafile=str(self.ca_file) if self.ca_file else None)
+        except (OSError, ssl.SSLError) as error:
+            raise ValueError(f"ca_file {self.ca_file}: {error.strerror or error}") from None
         if not self.verify:
             context.check_hostname = False
             context.verify_mode = ssl.CERT_NONE
         if self.client_cert is not None:
             key = str(self.client_key) if self.client_key is not None else None
-            context.load_cert_chain(str(self.client_cert), key)
+            try:
+                context.load_cert_chain(str(self.client_cert), key)
+            except (OSError, ssl.SSLError) as error:
+                files = f"{self.client_cert}" + (f", {self.client_key}" if key else "")
+                raise ValueError(f"client_cert {files}: {error.strerror or error}") from None
         return context
 
 
