@@ -23,6 +23,7 @@ What this module adds to aiohttp:
 from __future__ import annotations
 
 import errno
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -145,14 +146,14 @@ class UpstreamClient:
         limits: Limits,
         *,
         proxy: str | None = None,
-        ssl_context: object = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
-        """`headers` go with every request; `ssl_context` (an ssl.SSLContext) for https."""
+        """`headers` go with every request; `ssl_context` for https (None: the system's CAs)."""
         self.base_url = URL(base_url)
         self.headers = dict(headers)
         self.limits = limits
         self.proxy = URL(proxy) if proxy else None
-        self.ssl = ssl_context if ssl_context is not None else True
+        self.ssl: ssl.SSLContext | bool = ssl_context if ssl_context is not None else True
         self.urls: dict[str, URL] = {}
         self.in_flight = 0  # requests holding a connection, or waiting for one
         self._session: aiohttp.ClientSession | None = None
@@ -177,7 +178,7 @@ class UpstreamClient:
             limit_per_host=0,
             force_close=not keep,
             keepalive_timeout=limits.keepalive_seconds if keep else None,
-            ssl=self.ssl,  # type: ignore[arg-type]
+            ssl=self.ssl,
         )
         return aiohttp.ClientSession(
             connector=connector,
