@@ -1,28 +1,48 @@
 """A backend for any upstream that speaks OpenAI chat completions (vLLM, SGLang, OVMS, DJL LMI,
-OpenAI itself, or another chatgate): one keep-alive connection pool (backends.upstream_http),
-streamed chunks relayed as they arrive.
+OpenAI itself, or another chatgate): the gateway's HTTP client (backends.upstream_client),
+streamed chunks relayed as they arrive, as server-sent events or JSON lines (LMI).
 
 The body sent upstream is the parameter table applied to the request (backends.base.mapped);
 upstream failures become gateway errors by UPSTREAM_STATUSES (backends.upstream_status).
+
+How a finish becomes `stop_sequence` (a stop string matched) rather than `stop` (the end of the
+sequence): the upstream's own word (`stop_sequence`, LMI and TGI); else vLLM's `stop_reason` (or
+SGLang's `matched_stop`): a string is the stop string that matched, a number a stop token, null
+the end of the sequence; else, for a plain `stop` from an upstream that says no more, the answer
+ends with one of the request's stop strings (an upstream that keeps the match in its text). An
+upstream that cuts the match and names no reason (OpenAI itself) cannot be told apart from the
+end of the sequence: that stays `stop`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
+import os
+import re
 import uuid
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from backends import upstream_http
 from backends.base import Capabilities, Param, mapped, same_names
-from backends.upstream_http import ConnectError, PoolTimeout, Response, UpstreamError
+from backends.stream_decoders import StreamDecoder, decoder_for
+from backends.upstream_client import (
+    ConnectFailed,
+    Limits,
+    PoolBusy,
+    TooLarge,
+    UpstreamClient,
+    UpstreamError,
+    UpstreamResponse,
+)
+from backends.upstream_options import NetworkOptions
 from backends.upstream_status import CREDENTIALS, Answer, StatusTable, UpstreamFailure, status_error
 from gateway.core.canonical import (
     ChatRequest,
@@ -44,6 +64,7 @@ from gateway.core.errors import (
     ServiceUnavailable,
     TooManyRequests,
     UnprocessableContent,
+    UpstreamAnswerTooLarge,
 )
 from gateway.core.options import from_file
 from gateway.core.parameters import requested
@@ -80,6 +101,7 @@ CAPABILITIES = Capabilities(
     context_length=1 << 20,  # the upstream enforces its own context length
 )
 
+BUSY = "{upstream} is busy or its limits for the gateway are used up: try again later."
 # The upstream's error status → the client's: its own message, and the parameter it names.
 UPSTREAM_STATUSES = StatusTable(
     "The upstream model server",
@@ -89,7 +111,8 @@ UPSTREAM_STATUSES = StatusTable(
         403: CREDENTIALS,
         404: Answer(NotFound, names_param=True),
         422: Answer(UnprocessableContent, names_param=True, points_at_param=True),
-        429: Answer(TooManyRequests, keeps_retry_after=True),
+        # its words are about the gateway's account with it (quotas, plans), not the client's
+        429: Answer(TooManyRequests, BUSY, keeps_retry_after=True),
         "4xx": Answer(BadRequest, names_param=True),
         "5xx": Answer(BadGateway, "{upstream} failed ({status}): {message}"),
     },
@@ -104,25 +127,35 @@ FINISH_REASONS: dict[str, FinishReason] = {
     "eos_token": "stop",  # LMI's words
     "stop_sequence": "stop_sequence",
 }
+# Upstream advice about a header only the upstream's own client, the gateway, sends (chatgate's
+# and Azure AI's "send `extra-parameters: pass-through`"): the gateway's client cannot follow it.
+EXTRA_PARAMETERS_ADVICE = re.compile(r"(?i)extra.parameters?\b.*\b(header|pass-through)")
 DRAIN_AFTER_DONE_SECONDS = 0.5  # reading the stream's end after [DONE] keeps the connection alive
 # An idle pooled connection is closed before common servers drop it themselves (uvicorn: 5 s),
 # so a request rarely meets a connection the server is just closing.
 KEEPALIVE_SECONDS = 4.0
-# Sent with every request; an upstream answers uncompressed, so nothing needs decompressing.
+MAX_HEADER_BYTES = 64 * 1024
+MAX_RESPONSE_BYTES = 32 * 1024 * 1024
+# Sent with every request; the answer is asked for uncompressed (one compressed anyway is decoded).
 DEFAULT_HEADERS = {
     "content-type": "application/json",
     "accept-encoding": "identity",
     "user-agent": "chatgate",
 }
 MESSAGE_LIMIT = 1000
+STOP_TAIL = 1024  # characters of a streamed choice kept to check its end against the stop strings
+PATH = "/chat/completions"
 
 
-class Options(BaseModel):
+class Options(NetworkOptions):
     """A deployment's `options:` for this backend, validated at start."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    base_url: str = Field(description="The upstream's OpenAI base URL, e.g. http://host:8000/v1.")
+    base_url: str = Field(
+        description="The upstream's OpenAI base URL, e.g. http://host:8000/v1 (a user:password in it "
+        "is sent as Basic authorization when no api_key is set)."
+    )
     api_key: SecretStr | None = Field(default=None, description="Sent as a Bearer token.")
     api_key_file: Path | None = Field(default=None, description="A file holding the api_key instead.")
     headers: dict[str, str] = Field(default_factory=dict, description="Extra request headers.")
@@ -130,7 +163,11 @@ class Options(BaseModel):
         default=None, description="The model name sent upstream (default: the served model)."
     )
     max_tokens_parameter: Literal["max_tokens", "max_completion_tokens"] = "max_tokens"
-    connect: float = Field(default=5.0, gt=0, description="Seconds to connect.")
+    stream_usage: bool = Field(
+        default=True,
+        description="Ask for a stream's usage (`stream_options: {include_usage: true}`); false for "
+        "an upstream that refuses the field (DJL LMI): the usage is then estimated.",
+    )
     first_byte: float = Field(
         default=60.0,
         gt=0,
@@ -138,12 +175,20 @@ class Options(BaseModel):
         "by `total`: the upstream sends nothing before it is done).",
     )
     total: float = Field(default=600.0, gt=0, description="Seconds for the whole answer.")
-    max_connections: int = Field(default=100, ge=1)
-    max_keepalive: int = Field(
-        default=20,
+    max_connections: int = Field(default=100, ge=1, description="Connections open at once (the pool).")
+    keepalive_seconds: float = Field(
+        default=KEEPALIVE_SECONDS,
         ge=0,
-        description="0 closes each connection after its request; otherwise idle connections are "
-        f"kept for reuse, at most this many, each for {KEEPALIVE_SECONDS:g} s.",
+        description="Seconds an idle connection is kept for the next request (0: each connection is "
+        "closed after its answer); shorter than the upstream's own idle timeout (uvicorn: 5 s).",
+    )
+    max_header_bytes: int = Field(
+        default=MAX_HEADER_BYTES, ge=1024, description="An answer's header block larger than this: 502."
+    )
+    max_response_bytes: int = Field(
+        default=MAX_RESPONSE_BYTES,
+        ge=1024,
+        description="An answer larger than this (as received, decompressed; a stream in all): 502.",
     )
 
     @model_validator(mode="before")
@@ -183,45 +228,55 @@ class OpenAICompatibleBackend:
         self.capabilities = replace(
             CAPABILITIES, parameters={**CAPABILITIES.parameters, "max_tokens": Param(target)}
         )
-        parts = urlsplit(self.url)
-        self._path = parts.path + (f"?{parts.query}" if parts.query else "")
-        self._pool: upstream_http.Pool | None = None
+        # decided once, at start: where the connections go, and how TLS is checked (a bad
+        # certificate file stops the gateway here, not at the first request)
+        self.proxy = self.options.proxy_for(self.options.base_url, os.environ)
+        self.tls = self.options.ssl_context() if self.uses_tls else None
+        self._client: UpstreamClient | None = None
         self._warned_no_usage = False
 
     def __repr__(self) -> str:
         return f"OpenAICompatibleBackend(model={self.model!r}, base_url={self.shown_url!r})"
 
-    # ----- the connection pool --------------------------------------------------------------
+    @property
+    def uses_tls(self) -> bool:
+        options = self.options
+        https = self.url.startswith("https://") or (self.proxy or "").startswith("https://")
+        return https or options.ca_file is not None or options.client_cert is not None
+
+    # ----- the client ---------------------------------------------------------------------
 
     @property
-    def pool(self) -> upstream_http.Pool:
+    def client(self) -> UpstreamClient:
         """Created on first use, inside the serving event loop; closed by `aclose`.
 
         Everything constant is decided here once: headers, pool limits, the connect timeout.
         """
-        if self._pool is None:
+        if self._client is None:
             options = self.options
             headers = {name.lower(): value for name, value in DEFAULT_HEADERS.items()}
             # a deployment's header replaces a default of any case
             headers.update({name.lower(): value for name, value in options.headers.items()})
             if options.api_key is not None:
                 headers["authorization"] = f"Bearer {options.api_key.get_secret_value()}"
-            self._pool = upstream_http.Pool(
-                options.base_url,
-                headers,
+            elif "authorization" not in headers and (basic := basic_authorization(options.base_url)):
+                headers["authorization"] = basic
+            limits = Limits(
+                connect=options.connect,
                 max_connections=options.max_connections,
-                max_keepalive=options.max_keepalive,
-                keepalive_seconds=KEEPALIVE_SECONDS,
-                # bounds the wait for a pooled connection and the TCP connect; reads are
-                # bounded by the first_byte / total deadlines in `generate`
-                connect_timeout=options.connect,
+                keepalive_seconds=options.keepalive_seconds,
+                max_header_bytes=options.max_header_bytes,
+                max_response_bytes=options.max_response_bytes,
             )
-        return self._pool
+            self._client = UpstreamClient(
+                self.shown_url, headers, limits, proxy=self.proxy, ssl_context=self.tls
+            )
+        return self._client
 
     async def aclose(self) -> None:
-        if self._pool is not None:
-            await self._pool.aclose()
-            self._pool = None
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
 
     # ----- request ------------------------------------------------------------------------
 
@@ -230,7 +285,8 @@ class OpenAICompatibleBackend:
         body: dict[str, Any] = {"model": self.upstream_model, "messages": request.messages}
         if request.stream:
             body["stream"] = True
-            body["stream_options"] = {"include_usage": True}  # so usage is always known
+            if self.options.stream_usage:
+                body["stream_options"] = {"include_usage": True}  # so usage is always known
         body.update(mapped(self.capabilities.parameters, requested(request)))
         body.update(request.extra)
         return body
@@ -242,24 +298,26 @@ class OpenAICompatibleBackend:
         started = loop.time()
         deadline = started + self.options.total
         first_deadline = min(deadline, started + self.options.first_byte)
-        pool = self._pool or self.pool
+        client = self._client or self.client
         body = orjson.dumps(self.upstream_body(request))
-        response: Response | None = None
+        answer: UpstreamResponse | None = None
+        request.trace.answered(None)  # this try's upstream says its own, if any
         try:
             async with asyncio.timeout_at(first_deadline if request.stream else deadline) as timeout:
-                response = await pool.post(self._path, body)
-                streamed = (
-                    request.stream
-                    and response.status < 400
-                    and response.headers.get("content-type", "").startswith("text/event-stream")
-                )
-                if not streamed:
+                answer = await client.post(PATH, body, request.trace.headers())
+                request.trace.answered(answer.headers.get("x-request-id"))
+                status = answer.status
+                # framed as a stream (SSE, or LMI's JSON lines) whether or not one was asked for
+                decoder = decoder_for(answer.media_type) if 200 <= status < 300 else None
+                if decoder is None:
                     timeout.reschedule(deadline)
-                    raw = await response.read()
-            if response.status >= 400:
-                raise self.status_error(response.status, raw, response.headers)
-            if streamed:
-                async for event in self.relay(response, request, first_deadline, deadline):
+                    raw = await answer.read()
+            if status >= 400:
+                raise self.status_error(status, raw, answer.headers)
+            if not 200 <= status < 300:
+                raise BadGateway(f"The upstream model server answered HTTP {status}, not a completion.")
+            if decoder is not None:
+                async for event in self.relay(answer, decoder, request, first_deadline, deadline):
                     yield event
                 return
             for event in self.completion_events(parse_json(raw), request):
@@ -267,18 +325,22 @@ class OpenAICompatibleBackend:
         except (UpstreamError, TimeoutError) as exc:
             raise self.transport_error(exc, loop.time() - started) from None
         finally:
-            if response is not None:
-                # a no-op once the body was read whole (the connection is back in the pool);
-                # otherwise (timeout, error, the client went away) the upstream sees us hang up
-                response.close()
+            if answer is not None:
+                # the connection goes back to the pool once the body was read whole; otherwise
+                # (timeout, error, the client went away) the upstream sees us hang up
+                answer.close()
 
     async def relay(
-        self, response: Response, request: ChatRequest, first_deadline: float, deadline: float
+        self,
+        answer: UpstreamResponse,
+        decoder: StreamDecoder,
+        request: ChatRequest,
+        first_deadline: float,
+        deadline: float,
     ) -> AsyncIterator[Event]:
-        """Parse the upstream's SSE stream and yield events chunk by chunk, as they arrive."""
-        decoder = SSEDecoder()
-        state = StreamState(request.n)
-        read = response.read_some  # whatever has arrived; b"" only at the end
+        """Decode the upstream's stream and yield events chunk by chunk, as they arrive."""
+        state = StreamState(request.n, request.stop)
+        read = answer.read_some  # whatever has arrived; b"" only at the end
         until = first_deadline  # until the first generated chunk, then the whole answer's deadline
         while not decoder.done:
             async with asyncio.timeout_at(until):
@@ -336,8 +398,7 @@ class OpenAICompatibleBackend:
                         ToolCallDelta(index, position, call_id, function.get("name") or "", arguments)
                     )
                     fragments += len(arguments.split())
-                reason = canonical_reason(choice.get("finish_reason"), choice.get("stop_reason"))
-                events.append(Finish(index, reason))
+                events.append(Finish(index, finish_reason(choice, text, request.stop)))
             usage = read_usage(body.get("usage"))
         except (KeyError, TypeError, AttributeError, ValueError) as exc:
             raise malformed(exc) from None
@@ -361,13 +422,15 @@ class OpenAICompatibleBackend:
     def transport_error(self, exc: Exception, elapsed: float) -> GatewayError:
         """A failure to talk to the upstream, as the gateway error the client gets."""
         log.warning("upstream %s: %s: %s", self.shown_url, type(exc).__name__, exc)
-        if isinstance(exc, PoolTimeout):
+        if isinstance(exc, PoolBusy):
             return ServiceUnavailable("All connections to the upstream are busy; try again later.")
-        if isinstance(exc, ConnectError):  # refused, unresolvable, TLS failed, or too slow
+        if isinstance(exc, ConnectFailed):  # refused, unresolvable, TLS or proxy failed, or too slow
             return ServiceUnavailable("The upstream model server cannot be reached.")
         if isinstance(exc, TimeoutError):
             return GatewayTimeout(f"The upstream model server did not answer in time ({elapsed:.1f} s).")
-        return BadGateway(f"The connection to the upstream model server failed ({type(exc).__name__}).")
+        if isinstance(exc, TooLarge):
+            return UpstreamAnswerTooLarge(f"The upstream model server's answer is too large: {exc}.")
+        return BadGateway(f"The upstream model server's answer could not be read: {exc}.")
 
     def status_error(self, status: int, raw: bytes, headers: Mapping[str, str]) -> GatewayError:
         """An upstream error response, as the gateway error the client gets."""
@@ -376,67 +439,30 @@ class OpenAICompatibleBackend:
             log.error("upstream %s refused the gateway's credentials (%d)", self.shown_url, status)
         else:
             log.info("upstream %s answered %d: %s", self.shown_url, status, message)
-        failure = UpstreamFailure(status, message, param, headers.get("retry-after"))
+        failure = UpstreamFailure(status, in_our_words(message, param), param, headers.get("retry-after"))
         return status_error(UPSTREAM_STATUSES, failure)
 
 
+def basic_authorization(url: str) -> str | None:
+    """`user:password@` in a URL as a Basic authorization header."""
+    parts = urlsplit(url)
+    if parts.username is None:
+        return None
+    pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+    return "Basic " + base64.b64encode(pair.encode()).decode()
+
+
+def in_our_words(message: str, param: str | None) -> str:
+    """The upstream's message, or the gateway's own where its advice is for the gateway (the
+    upstream's client) and not for the gateway's client."""
+    if EXTRA_PARAMETERS_ADVICE.search(message):
+        named = re.search(r"\[[^\]]*\]", message)
+        names = named.group(0) if named else f"['{param}']" if param else "in the request"
+        return f"Extra parameters {names} are not allowed by the upstream model server."
+    return message
+
+
 # ----- the stream ---------------------------------------------------------------------------
-
-
-class SSEDecoder:
-    """Server-sent events → the payload of each event's `data:` lines; stops at `[DONE]`.
-
-    Payloads are produced lazily, event by event: a piece holding a whole stream (a fast
-    upstream) yields its first event without scanning the rest first.
-    """
-
-    __slots__ = ("buffer", "done")
-
-    def __init__(self) -> None:
-        self.buffer = b""
-        self.done = False
-
-    def feed(self, piece: bytes) -> Iterator[bytes]:
-        data = self.buffer + piece if self.buffer else piece
-        held = b""
-        if b"\r" in data:  # CRLF or CR line ends become LF (a CR at the very end may be half a CRLF)
-            if data.endswith(b"\r"):
-                data, held = data[:-1], b"\r"
-            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-        complete, rest = self.split_unfinished(data)
-        self.buffer = rest + held
-        return self.payloads(complete) if complete else iter(())
-
-    def close(self) -> Iterator[bytes]:
-        """The stream ended: what its last lines still hold."""
-        data, self.buffer = self.buffer.replace(b"\r\n", b"\n").replace(b"\r", b"\n"), b""
-        return self.payloads(data) if data else iter(())
-
-    @staticmethod
-    def split_unfinished(data: bytes) -> tuple[bytes, bytes]:
-        """(the complete events, the unfinished rest that waits for the next piece)."""
-        end = data.rfind(b"\n\n")
-        if end < 0:
-            return b"", data
-        return data[: end + 2], data[end + 2 :]
-
-    def payloads(self, data: bytes) -> Iterator[bytes]:
-        for event in data.split(b"\n\n"):
-            if self.done:
-                return
-            if not event:
-                continue
-            if event.startswith(b"data:") and b"\n" not in event:  # the usual one-line event
-                value = event[6:] if event[5:6] == b" " else event[5:]
-            else:
-                lines = [line for line in event.split(b"\n") if line.startswith(b"data:")]
-                if not lines:
-                    continue  # comments, event:, id:, retry: carry nothing needed here
-                value = b"\n".join(line[6:] if line[5:6] == b" " else line[5:] for line in lines)
-            if value == b"[DONE]":
-                self.done = True
-                return
-            yield value
 
 
 @dataclass(slots=True)
@@ -453,26 +479,32 @@ class StreamState:
     """Folds chat.completion.chunk payloads into canonical events.
 
     Tool calls stream as fragments; each is sent whole once the next call of its choice
-    begins or the choice finishes.
+    begins or the choice finishes. With stop strings, each choice's last characters are kept,
+    to tell a matched stop string from the end of the sequence (`finish_reason`).
     """
 
-    __slots__ = ("calls", "finished", "fragments", "n", "seen", "usage")
+    __slots__ = ("calls", "finished", "fragments", "n", "seen", "stops", "tails", "usage")
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, stops: list[str] | None = None) -> None:
         self.n = n
         self.calls: dict[int, dict[int, PendingCall]] = {}
         self.seen: set[int] = set()
         self.finished: set[int] = set()
         self.fragments = 0  # content / tool-call chunks seen: the usage estimate when none is sent
         self.usage: Usage | None = None
+        self.stops = stops or []
+        self.tails: dict[int, str] = {}
 
     @property
     def unfinished(self) -> bool:
         return not self.seen or bool(self.seen - self.finished)
 
     def feed(self, chunk: Any) -> list[Event]:
-        if isinstance(chunk, dict) and chunk.get("error") is not None:
-            raise stream_error(chunk["error"])
+        if isinstance(chunk, dict) and "choices" not in chunk:
+            if chunk.get("error") is not None:
+                raise stream_error(chunk["error"])
+            if isinstance(chunk.get("message"), str) and ("code" in chunk or "type" in chunk):
+                raise stream_error(chunk)  # LMI (DJL Serving): {code, type, message}
         events: list[Event] = []
         try:
             for choice in chunk.get("choices") or ():
@@ -482,8 +514,11 @@ class StreamState:
                 text = delta.get("content")
                 logprobs = token_logprobs(choice.get("logprobs"))
                 if text or logprobs:
-                    events.append(TextDelta(index, content_text(text), logprobs))
+                    text = content_text(text)
+                    events.append(TextDelta(index, text, logprobs))
                     self.fragments += 1
+                    if self.stops:
+                        self.tails[index] = (self.tails.get(index, "") + text)[-STOP_TAIL:]
                 calls = delta.get("tool_calls")
                 if delta.get("function_call"):
                     calls = [{"index": 0, "function": delta["function_call"]}]
@@ -493,7 +528,8 @@ class StreamState:
                 reason = choice.get("finish_reason")
                 if reason:
                     self.flush(index, events)
-                    events.append(Finish(index, canonical_reason(reason, choice.get("stop_reason"))))
+                    tail = self.tails.get(index, "")
+                    events.append(Finish(index, finish_reason(choice, tail, self.stops)))
                     self.finished.add(index)
             if chunk.get("usage"):
                 self.usage = read_usage(chunk["usage"])
@@ -590,19 +626,31 @@ def token_logprobs(logprobs: Any) -> list[TokenLogprob] | None:
         return None
     return [
         TokenLogprob(
-            entry["token"],
+            token_text(entry["token"]),
             entry.get("logprob"),
-            [TopLogprob(top["token"], top["logprob"]) for top in entry.get("top_logprobs") or ()],
+            [TopLogprob(token_text(top["token"]), top["logprob"]) for top in entry.get("top_logprobs") or ()],
         )
         for entry in content
     ]
 
 
-def canonical_reason(reason: Any, stop_reason: Any = None) -> FinishReason:
+def token_text(token: Any) -> str:
+    """A token as text (LMI's streamed top_logprobs may give a token id, a number)."""
+    return token if isinstance(token, str) else str(token)
+
+
+def finish_reason(choice: Mapping[str, Any], text: str, stops: list[str]) -> FinishReason:
+    """The canonical finish reason of a choice; see the module's docstring for `stop_sequence`."""
+    reason = choice.get("finish_reason")
     canonical = FINISH_REASONS.get(reason, "stop") if isinstance(reason, str) else "stop"
-    if canonical == "stop" and isinstance(stop_reason, str):
-        return "stop_sequence"  # vLLM names the stop string that matched
-    return canonical
+    if canonical != "stop":
+        return canonical
+    for said in ("stop_reason", "matched_stop"):  # vLLM, SGLang
+        if said in choice:
+            return "stop_sequence" if isinstance(choice[said], str) else "stop"
+    if reason == "stop" and stops and text.endswith(tuple(stops)):
+        return "stop_sequence"
+    return "stop"
 
 
 def read_usage(usage: Any) -> Usage | None:

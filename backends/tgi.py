@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -83,6 +84,9 @@ class TGIBackend:
             max_top_logprobs=self.options.max_top_n_tokens,
             context_length=self.options.context_length,
         )
+        # decided once, at start, as for every HTTP backend (backends.upstream_options)
+        self.proxy = self.options.proxy_for(self.options.url, os.environ)
+        self.tls = self.options.ssl_context()
         self._http: httpx2.AsyncClient | None = None
         self._auto_prefix_ids: list[int] | None = None  # special tokens TGI's tokenizer prepends
 
@@ -100,21 +104,24 @@ class TGIBackend:
                 max_keepalive_connections=self.options.max_connections,
             )
             self._http = httpx2.AsyncClient(
-                timeout=self.options.timeout,
+                timeout=httpx2.Timeout(self.options.timeout, connect=self.options.connect),
                 limits=limits,
                 event_hooks={"response": [read_error_body]},
+                proxy=self.proxy,
+                verify=self.tls,
+                trust_env=False,  # proxy and CAs as the options say (the environment only by proxy: env)
             )
         return self._http
 
     @asynccontextmanager
-    async def inference_client(self) -> AsyncIterator[AsyncInferenceClient]:
-        """A short-lived AsyncInferenceClient on the shared pool; closing it closes its streams."""
+    async def inference_client(self, request: ChatRequest) -> AsyncIterator[AsyncInferenceClient]:
+        """A short-lived AsyncInferenceClient on the shared pool; closing it closes its streams.
+        It sends the request's ids (x-request-id, W3C trace context) with each call."""
+        headers: dict[str, Any] = dict(request.trace.headers())
+        if not self.token:  # without a configured token, send none (not the gateway host's HF token)
+            headers["authorization"] = None
         client = AsyncInferenceClient(
-            model=self.options.url,
-            token=self.token,
-            timeout=self.options.timeout,
-            # without a configured token, send none (not the gateway host's own HF token)
-            headers=None if self.token else {"authorization": None},  # type: ignore[dict-item]
+            model=self.options.url, token=self.token, timeout=self.options.timeout, headers=headers
         )
         client._async_client = self.http()  # share the pool; client.close() leaves it open
         try:
@@ -162,7 +169,7 @@ class TGIBackend:
         """One choice from the Messages API; `arguments`: the request's parameters by its table."""
         events = ChoiceEvents(index, request)
         with translated_errors():
-            async with self.inference_client() as client:
+            async with self.inference_client(request) as client:
                 # the keywords come from the Messages API table (tests/test_parameter_tables.py
                 # drives each through the stand-in against TGI's document)
                 stream = await client.chat_completion(  # type: ignore[call-overload]
@@ -217,7 +224,7 @@ class TGIBackend:
         """One choice from the generate API; `arguments`: the request's parameters by its table."""
         events = ChoiceEvents(index, request)
         with translated_errors():
-            async with self.inference_client() as client:
+            async with self.inference_client(request) as client:
                 stream = await client.text_generation(
                     prompt,
                     stream=True,

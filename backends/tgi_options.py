@@ -5,13 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from backends.upstream_options import NetworkOptions
 from gateway.core.options import from_file
 
 
-class TGIOptions(BaseModel):
-    """A `tgi` deployment's `options:`; the limits mirror TGI's launcher settings."""
+class TGIOptions(NetworkOptions):
+    """A `tgi` deployment's `options:`; the limits mirror TGI's launcher settings. The proxy, TLS
+    and connect fields are every HTTP backend's (backends.upstream_options)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

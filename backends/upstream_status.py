@@ -3,7 +3,8 @@
 Each backend reads its upstream's error body its own way (into an `UpstreamFailure`) and says, as
 data, which gateway error each status becomes (a `StatusTable`); `status_error` applies it. Every
 table answers 401/403 with `CREDENTIALS`: the upstream refused the gateway's own credentials, so
-the client gets a 502 that repeats nothing of the upstream's answer (which may quote the key).
+the client gets a 502 that repeats nothing of the upstream's answer (which may quote the key), and
+the request is not tried again.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gateway.core.errors import BadGateway, GatewayError
+from gateway.core.errors import GatewayError, UpstreamRefused
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +38,8 @@ class Answer:
     retry_after_default: str | None = None  # … or this one when it sent none
 
 
-CREDENTIALS = Answer(BadGateway, "{upstream} refused the gateway's credentials ({status}).")
+# never retried (gateway.dispatch): another try presents the same credentials
+CREDENTIALS = Answer(UpstreamRefused, "{upstream} refused the gateway's credentials ({status}).")
 
 
 @dataclass(frozen=True, slots=True)

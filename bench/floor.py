@@ -1,13 +1,12 @@
-"""The Python floors: the least a Python pass-through can do under uvicorn.
+"""The Python floor: the least a Python pass-through can do under uvicorn.
 
 A raw ASGI app with one pooled HTTP client: it forwards the request body to the same path on
 the upstream (BENCH_UPSTREAM, e.g. http://127.0.0.1:8081) and returns the answer — whole for
 JSON, piece by piece as it arrives for a stream. No routing, validation or policy.
 
-Two clients, two floors. `app` uses aiohttp, the usual pooled client (the floor the goals are
-set against). `lean_app` uses chatgate's own pool
-(backends.upstream_http), so chatgate/lean floor is what chatgate's own work costs with the
-upstream hop the same on both sides.
+The client is chatgate's own (backends.upstream_client, with the openai-compatible backend's
+default limits), so the upstream hop costs the same on both sides and chatgate/floor is what
+chatgate's own work costs.
 
     BENCH_UPSTREAM=http://127.0.0.1:8081 uvicorn bench.floor:app --loop uvloop --http httptools
 """
@@ -16,13 +15,20 @@ from __future__ import annotations
 
 import os
 
-import aiohttp
-
-from backends.upstream_http import Pool
+from backends.openai_compatible import Options
+from backends.upstream_client import Limits, UpstreamClient
 
 UPSTREAM = os.environ.get("BENCH_UPSTREAM", "http://127.0.0.1:8081")
 PASSED_HEADERS = ("content-type", "cache-control")
 MAX_CONNECTIONS = 100
+DEFAULTS = Options(base_url=UPSTREAM)  # the backend's defaults: the same client settings as chatgate
+LIMITS = Limits(
+    connect=DEFAULTS.connect,
+    max_connections=MAX_CONNECTIONS,
+    keepalive_seconds=DEFAULTS.keepalive_seconds,
+    max_header_bytes=DEFAULTS.max_header_bytes,
+    max_response_bytes=DEFAULTS.max_response_bytes,
+)
 
 
 def passed(headers) -> list[tuple[bytes, bytes]]:
@@ -78,62 +84,29 @@ class Floor:
         raise NotImplementedError
 
 
-class AiohttpFloor(Floor):
-    session: aiohttp.ClientSession
+class ClientFloor(Floor):
+    client: UpstreamClient
 
     def open(self) -> None:
-        connector = aiohttp.TCPConnector(limit=MAX_CONNECTIONS, keepalive_timeout=300)
-        self.session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+        self.client = UpstreamClient(self.upstream, {"content-type": "application/json"}, LIMITS)
 
     async def close(self) -> None:
-        await self.session.close()
+        await self.client.aclose()
 
     async def proxy(self, path: str, body: bytes, send) -> None:
-        async with self.session.post(
-            self.upstream + path, data=body, headers={"content-type": "application/json"}
-        ) as response:
-            headers = passed(response.headers)
-            if response.content_type == "text/event-stream":
-                await send({"type": "http.response.start", "status": response.status, "headers": headers})
-                async for piece in response.content.iter_any():
-                    await send({"type": "http.response.body", "body": piece, "more_body": True})
-                await send({"type": "http.response.body", "body": b""})
-                return
-            answer = await response.read()
-        await send_whole(send, response.status, headers, answer)
-
-
-class LeanFloor(Floor):
-    pool: Pool
-
-    def open(self) -> None:
-        self.pool = Pool(
-            self.upstream,
-            {"content-type": "application/json"},
-            max_connections=MAX_CONNECTIONS,
-            max_keepalive=MAX_CONNECTIONS,
-            keepalive_seconds=300,
-            connect_timeout=5,
-        )
-
-    async def close(self) -> None:
-        await self.pool.aclose()
-
-    async def proxy(self, path: str, body: bytes, send) -> None:
-        response = await self.pool.post(path, body)
+        answer = await self.client.post(path, body)
         try:
-            headers = passed(response.headers)
-            if response.headers.get("content-type", "").startswith("text/event-stream"):
-                await send({"type": "http.response.start", "status": response.status, "headers": headers})
-                while piece := await response.read_some():
+            headers = passed(answer.headers)
+            if answer.media_type == "text/event-stream":
+                await send({"type": "http.response.start", "status": answer.status, "headers": headers})
+                while piece := await answer.read_some():
                     await send({"type": "http.response.body", "body": piece, "more_body": True})
                 await send({"type": "http.response.body", "body": b""})
                 return
-            answer = await response.read()
+            data = await answer.read()
         finally:
-            response.close()
-        await send_whole(send, response.status, headers, answer)
+            answer.close()
+        await send_whole(send, answer.status, headers, data)
 
 
-app = AiohttpFloor(UPSTREAM)
-lean_app = LeanFloor(UPSTREAM)
+app = ClientFloor(UPSTREAM)

@@ -17,8 +17,7 @@ import orjson
 CONNECTIONS = (1, 32)
 CONTENDERS = {  # key → label, in table order
     "direct": "nginx, direct",
-    "floor": "Python floor (uvicorn+aiohttp)",
-    "lean_floor": "Python floor (chatgate's pool)",
+    "floor": "Python floor (chatgate's client)",
     "upstream": "chatgate → nginx",
     "echo": "chatgate, echo backend",
     "policy": "chatgate → nginx, policy on",
@@ -103,10 +102,6 @@ def added_p50(contender: str, base: str) -> Callable[[Results], float | None]:
 RATIOS = [
     Ratio("upstream_over_floor_c32", "chatgate/floor req/s, c=32", rps_ratio("upstream", "floor"), "%", 0.60),
     Ratio("upstream_over_floor_c1", "chatgate/floor req/s, c=1", rps_ratio("upstream", "floor", 1), "%"),
-    Ratio(
-        "upstream_over_lean_floor_c32", "chatgate/lean floor req/s, c=32",
-        rps_ratio("upstream", "lean_floor"), "%",
-    ),
     Ratio("upstream_over_direct_c32", "chatgate/direct req/s, c=32", rps_ratio("upstream", "direct"), "%"),
     Ratio("upstream_over_direct_c1", "chatgate/direct req/s, c=1", rps_ratio("upstream", "direct", 1), "%"),
     Ratio(
@@ -157,6 +152,16 @@ def evaluate(results: Results) -> list[dict[str, Any]]:
 # ----- text ---------------------------------------------------------------------------------
 
 
+def cpu_per_request(figures: dict[str, Any]) -> float:
+    """Microseconds of the server's CPU per request answered."""
+    return figures["server_cpu"] / figures["rps"] * 1e6 if figures["rps"] else 0.0
+
+
+def cpu_per_stream(relay: dict[str, Any]) -> float:
+    streams_per_s = relay["chunks_per_s"] / relay["chunks_per_stream"] if relay["chunks_per_stream"] else 0
+    return relay["server_cpu"] / streams_per_s * 1e6 if streams_per_s else 0.0
+
+
 def format_value(value: float | None, unit: str) -> str:
     if value is None:
         return "n/a"
@@ -188,8 +193,8 @@ def render(results: Results) -> str:
             else []
         ),
         "",
-        f"{'HTTP: POST /v1/chat/completions':<34}{'c=1':^31}  {'c=32':^31}",
-        f"{'contender':<34}" + f"{'req/s':>9}{'p50 ms':>8}{'p99 ms':>8}{'cpu':>6}  " * 2,
+        f"{'HTTP: POST /v1/chat/completions':<34}{'c=1':^37}  {'c=32':^37}",
+        f"{'contender':<34}" + f"{'req/s':>9}{'p50 ms':>8}{'p99 ms':>8}{'cpu':>6}{'µs/req':>7}  " * 2,
     ]
     for key, label in CONTENDERS.items():
         entry = results["http"].get(key)
@@ -202,12 +207,12 @@ def render(results: Results) -> str:
         for connections in CONNECTIONS:
             figures = entry["points"].get(str(connections))
             if figures is None:
-                row += f"{'—':>9}{'—':>8}{'—':>8}{'—':>6}  "
+                row += f"{'—':>9}{'—':>8}{'—':>8}{'—':>6}{'—':>7}  "
                 continue
             flag = "!" if figures["errors"] else ""
             row += (
                 f"{figures['rps']:>9,.0f}{figures['p50_ms']:>8.2f}{figures['p99_ms']:>8.2f}"
-                f"{figures['server_cpu']:>5.0%}{flag or ' '} "
+                f"{figures['server_cpu']:>5.0%}{flag or ' '}{cpu_per_request(figures):>7.0f}  "
             )
         lines.append(row.rstrip())
     flagged = [
@@ -218,7 +223,10 @@ def render(results: Results) -> str:
     ]
     if flagged:
         lines.append("! errors or non-2xx answers (figure not used): " + "; ".join(flagged))
-    lines.append("cpu: the server's CPU time (all its processes) / wall time; 100% = one core busy")
+    lines.append(
+        "cpu: the server's CPU time (all its processes) / wall time; 100% = one core busy; "
+        "µs/req: that CPU time per request"
+    )
     for key, entry in results["http"].items():
         for c, figures in (entry.get("points") or {}).items():
             shares = [share for share in figures.get("server_cpu_by_process", ()) if share >= 0.01]
@@ -249,7 +257,7 @@ def render(results: Results) -> str:
             f"relayed by chatgate: {relay['concurrency']} concurrent streams for {relay['seconds']:.1f} s: "
             f"{relay['chunks_per_s']:,.0f} chunks/s, chatgate cpu {relay['server_cpu']:.0%}, "
             f"{relay['chunks_per_stream']:.0f} chunks/stream, {relay['errors']} errors, "
-            f"client cpu {relay['client_cpu']:.0%}"
+            f"client cpu {relay['client_cpu']:.0%}; chatgate cpu per stream {cpu_per_stream(relay):,.0f} µs"
         )
     memory = results.get("memory")
     if memory:

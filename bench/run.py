@@ -4,8 +4,8 @@ Servers run on the first CPU; wrk, the upstream nginx and the stream clients on 
 Contenders (each a separate process, all started at once and idle when not measured):
 
   nginx, direct        the upstream itself, answering a fixed chat.completion (and SSE stream)
-  Python floor         raw ASGI + one pooled aiohttp client passing bodies through to nginx
-  lean floor           the same with chatgate's own upstream pool: what is left is chatgate's work
+  Python floor         raw ASGI + chatgate's own upstream client passing bodies through to nginx:
+                       what chatgate adds to it is chatgate's own work
   chatgate → nginx     openai-compatible backend; also streams, memory over many requests
   chatgate, echo       the embedded backend: the gateway's own cost without an upstream
   chatgate, policy on  a key (Bearer) and in-memory rate limits too high ever to refuse
@@ -60,7 +60,7 @@ ROOT = Path(__file__).resolve().parent.parent
 JSON_PATH = "/v1/chat/completions"
 STREAM_PATH = "/stream/v1/chat/completions"  # nginx's stream location (the floor keeps paths)
 HIGH_LIMITS = {"requests_per_minute": 10**9, "tokens_per_minute": 10**12}  # counted, never refusing
-POOL = {"max_connections": 100, "max_keepalive": 100}  # the same pool size as the floor's client
+POOL = {"max_connections": 100}  # the same pool size as the floor's client
 RELAY_CONCURRENCY = 32
 ALL_CONTENDERS = tuple(report.CONTENDERS)
 
@@ -81,7 +81,7 @@ class Profile:
 PROFILES = {
     "full": Profile("full", 4, 5, 2, 300, 10, 100_000, 300, ALL_CONTENDERS),
     "quick": Profile("quick", 1, 5, 1, 150, 3, 20_000, 120, ALL_CONTENDERS),
-    "smoke": Profile("smoke", 1, 1, 1, 20, 1, 500, 10, ("direct", "floor", "lean_floor", "upstream", "echo")),
+    "smoke": Profile("smoke", 1, 1, 1, 20, 1, 500, 10, ("direct", "floor", "upstream", "echo")),
 }
 TOOLS = {
     "nginx": "apt-get install nginx",
@@ -396,7 +396,6 @@ class Bench:
         launchers = {
             "direct": self.launch_direct,
             "floor": self.launch_floor,
-            "lean_floor": lambda: self.launch_floor("lean_floor", "bench.floor:lean_app"),
             "upstream": self.launch_upstream,
             "echo": self.launch_echo,
             "policy": self.launch_policy,

@@ -54,5 +54,6 @@ class AccessLog:
             "cost": trace.cost,
             "retries": trace.retries,
             "error": trace.error_code or None,
+            "upstream_request_id": trace.upstream_request_id,
         }
         self.sink.write_line(orjson.dumps(record).decode() + "\n")

@@ -24,6 +24,7 @@ from gateway.access_log import AccessLog
 from gateway.call import Call
 from gateway.config import Settings
 from gateway.core.errors import NotFound
+from gateway.core.memory import return_large_blocks
 from gateway.dialects import DIALECTS
 from gateway.dialects.dialect import Dialect, Handler
 from gateway.dialects.shape import DocumentFacts, OpenAIShaped
@@ -46,8 +47,10 @@ def gateway_endpoints(live: Live, lifecycle: Lifecycle) -> dict[str, Any]:
         return Response(b'{"status":"ok"}', media_type=JSON)
 
     async def ready(call: Call) -> Response:
-        """Readiness: not draining, every deployment has a healthy replica, and the rate-limit
-        store answers where the gateway refuses requests without it (fail-closed)."""
+        """Readiness: 503 while draining, or while the rate-limit store does not answer where the
+        gateway refuses requests without it (fail-closed). A deployment whose every replica is
+        ejected makes it "degraded", still 200: its requests still try them (panic routing), and
+        taking the gateway out of its load balancer would fail every other deployment too."""
         runtime = live.runtime
         unhealthy = runtime.router.unhealthy()
         store_reachable = await runtime.limiter.reachable()
@@ -56,12 +59,15 @@ def gateway_endpoints(live: Live, lifecycle: Lifecycle) -> dict[str, Any]:
         store_needed = store_needed and limits.redis is not None and limits.redis.on_error == "fail-closed"
         if lifecycle.draining:
             status = "draining"
-        elif unhealthy or (store_needed and not store_reachable):
+        elif store_needed and not store_reachable:
             status = "unavailable"
+        elif unhealthy:
+            status = "degraded"
         else:
             status = "ready"
         body = {"status": status, "unhealthy": unhealthy, "limit_store_reachable": store_reachable}
-        return Response(orjson.dumps(body), status_code=200 if status == "ready" else 503, media_type=JSON)
+        code = 200 if status in ("ready", "degraded") else 503
+        return Response(orjson.dumps(body), status_code=code, media_type=JSON)
 
     async def metrics(call: Call) -> Response:
         metrics = live.runtime.metrics
@@ -157,6 +163,7 @@ def create_app(
         # counting; the default (a young-generation scan every 700) ran a scan every couple of
         # requests. Every 20,000 cost about 8% less CPU per request in the benchmark.
         gc.set_threshold(YOUNG_GC_THRESHOLD, *gc.get_threshold()[1:])
+        return_large_blocks()  # a large answer's memory goes back to the system (gateway/core/memory.py)
         yield
         await live.runtime.aclose()
 

@@ -16,6 +16,8 @@ from gateway.core.errors import (
     GatewayTimeout,
     ServiceUnavailable,
     TooManyRequests,
+    UpstreamAnswerTooLarge,
+    UpstreamRefused,
 )
 from gateway.metrics import Metrics
 from gateway.record import RequestRecord
@@ -23,8 +25,12 @@ from gateway.router import LiveDeployment, Replica
 
 # Longest run of events relayed without giving the event loop a turn.
 TURN_SECONDS = 0.005
-# Upstream failures worth another replica: it is down, broken, or busy.
+# Upstream failures worth another replica: it is down, broken, or busy (connection errors, 5xx,
+# 429, timeouts). An upstream's 4xx is the request's own fault: never retried, no health mark.
 RETRYABLE = (BadGateway, ServiceUnavailable, TooManyRequests, GatewayTimeout)
+# ... except these, which another try gets again: the gateway's credentials refused (401/403),
+# an answer too large to relay. No health mark either.
+NOT_RETRIED = (UpstreamRefused, UpstreamAnswerTooLarge)
 
 
 def retry_after(error: GatewayError) -> float:
@@ -110,8 +116,13 @@ class Dispatcher:
         for live in chain:
             while attempts < config.retries.attempts:
                 replica = live.pick(tried, self.rng)
-                if replica is None and live is chain[-1]:
-                    replica = live.pick(set(), self.rng)  # nowhere else to go: try one again
+                if replica is None and live is chain[-1]:  # nowhere else to go: try one again …
+                    replica = live.pick(set(), self.rng)
+                    if replica is None:
+                        # … and with every replica ejected, one anyway (panic routing): an
+                        # upstream that is back serves at once, not after its cool-down
+                        replica = live.pick_ejected(tried, self.rng)
+                        self.metrics.panic(live.name)
                 if replica is None:
                     break
                 if replica.name in busy_until:  # it said when to come back; wait if we can
@@ -131,6 +142,10 @@ class Dispatcher:
                         events, min(live.config.timeouts.first_token, deadline - time.monotonic()),
                         "time to first token",
                     )  # fmt: skip
+                except NOT_RETRIED as error:
+                    watchdog.stop()
+                    await self.failed(live, replica, events, error, broken=False)
+                    raise
                 except RETRYABLE as error:
                     watchdog.stop()
                     # a busy replica (429) is not a broken one: no mark against its health
@@ -204,6 +219,10 @@ class Dispatcher:
                     raise GatewayTimeout("The request took longer than its total time.", code="TotalTimeout")
                 what = "idle between chunks" if idle <= remaining else "total time"
                 event = await watchdog.next(events, min(idle, remaining), what)
+        except NOT_RETRIED as error:
+            watchdog.stop()
+            await self.failed(live, replica, events, error, broken=False)
+            raise
         except RETRYABLE as error:
             watchdog.stop()
             await self.failed(live, replica, events, error)

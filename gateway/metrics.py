@@ -75,6 +75,11 @@ class Metrics:
             "chatgate_retries", "Retries and fallbacks made before the first byte.",
             ["deployment"], registry=registry,
         )  # fmt: skip
+        self.panic_routed = Counter(
+            "chatgate_panic_routed",
+            "Tries sent to an ejected replica because every replica of the deployment was ejected.",
+            ["deployment"], registry=registry,
+        )  # fmt: skip
         self.rate_limited = Counter(
             "chatgate_rate_limited", "Requests refused by a rate limit, by kind (requests or tokens).",
             ["kind"], registry=registry,
@@ -128,6 +133,9 @@ class Metrics:
 
     def upstream_error(self, deployment: str, replica: str, error: GatewayError) -> None:
         self.child(self.upstream_errors, deployment, replica, str(error.status)).inc()
+
+    def panic(self, deployment: str) -> None:
+        self.child(self.panic_routed, deployment).inc()
 
     def retry(self, deployment: str) -> None:
         self.child(self.retries, deployment).inc()

@@ -22,9 +22,11 @@ from starlette.responses import Response
 
 from gateway.call import Call
 from gateway.core.canonical import Event, EventStream, answer_too_large, gather
-from gateway.core.errors import GatewayError, InternalError
+from gateway.core.errors import ClientGone, GatewayError, InternalError
+from gateway.core.trace import Trace
 from gateway.dialects.dialect import Dialect
 from gateway.dialects.shape import JSON, Answer, OpenAIShaped, StreamState
+from gateway.disconnect import unless_client_leaves
 from gateway.runtime import Runtime
 from gateway.streaming import EventStreamResponse
 
@@ -43,6 +45,7 @@ class ChatPipeline:
     async def __call__(self, call: Call) -> Response:
         translator, runtime = self.translator, self.runtime
         request = translator.read(call.body)
+        request.trace = call.record.ids = Trace.of(call.request_id, call.headers)
         call.record.stream = request.stream
         deployment_name = call.headers.get(self.routing_header) if self.routing_header else None
         admission = await runtime.admit(request, call.headers, call.caller, call.record, deployment_name)
@@ -56,7 +59,9 @@ class ChatPipeline:
             request=request,
         )
         if not request.stream:
-            completion = await gather(events, request.n, self.max_response_bytes)
+            completion = await unless_client_leaves(
+                gather(events, request.n, self.max_response_bytes), call.receive
+            )
             response = Response(orjson.dumps(translator.completion(answer, completion)), media_type=JSON)
             response.raw_headers += admission.headers
             return response
@@ -65,7 +70,14 @@ class ChatPipeline:
         first = asyncio.ensure_future(anext(events, None))
         framing = translator.framing
         keepalive = admission.deployment.config.timeouts.keepalive if framing.keepalive else None
-        await asyncio.wait({first}, timeout=keepalive)
+        try:
+            await unless_client_leaves(asyncio.wait({first}, timeout=keepalive), call.receive)
+        except ClientGone:
+            first.cancel()
+            with contextlib.suppress(BaseException):
+                await first
+            await events.aclose()
+            raise
         if first.done() and (failure := first.exception()) is not None:
             await events.aclose()
             raise failure
@@ -73,6 +85,7 @@ class ChatPipeline:
             self.stream(answer, first, events, call, keepalive),
             framing.media_type,
             admission.headers,
+            call.record,
         )
 
     async def stream(

@@ -7,6 +7,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.core.trace import Trace
+
 
 @dataclass(slots=True)
 class RequestRecord:
@@ -26,6 +28,7 @@ class RequestRecord:
     cost: float | None = None  # from the deployment's price, when it has one
     retries: int = 0
     error_code: str = ""
+    ids: Trace | None = None  # the ids sent upstream with the request, and the upstream's own
     rate_limited: str = ""  # "requests" / "tokens" when a limit refused the request
     model: str = ""  # as the request named it (or the deployment's)
     backend: str = ""  # the kind of backend that answered
@@ -34,6 +37,11 @@ class RequestRecord:
     def first_token(self) -> None:
         if self.first_token_at is None:
             self.first_token_at = time.perf_counter()
+
+    @property
+    def upstream_request_id(self) -> str | None:
+        """The x-request-id the upstream (its last try) answered with."""
+        return None if self.ids is None else self.ids.upstream_request_id
 
     @property
     def ttft(self) -> float | None:

@@ -96,16 +96,25 @@ class LiveDeployment:
         outstanding requests per weight wins, and on a tie the one that has been faster."""
         now = time.monotonic()
         candidates = [r for r in self.replicas if r.name not in exclude and r.available(now)]
-        if len(candidates) <= 1:
-            return candidates[0] if candidates else None
-        first = rng.choices(candidates, weights=[r.weight for r in candidates])[0]
-        others = [r for r in candidates if r is not first]
-        second = rng.choices(others, weights=[r.weight for r in others])[0]
-        return min((first, second), key=lambda r: ((r.outstanding + 1) / r.weight, r.latency))
+        return two_choices(candidates, rng) if candidates else None
+
+    def pick_ejected(self, exclude: set[str], rng: random.Random) -> Replica:
+        """A replica when none is available (every one ejected), chosen as `pick` chooses, one
+        not tried yet if there is one: panic routing, as Envoy's panic threshold does it."""
+        return two_choices([r for r in self.replicas if r.name not in exclude] or self.replicas, rng)
 
     def chain(self) -> list[LiveDeployment]:
         """This deployment, then its fallbacks in preference order."""
         return [self, *self.fallbacks]
+
+
+def two_choices(candidates: list[Replica], rng: random.Random) -> Replica:
+    if len(candidates) == 1:
+        return candidates[0]
+    first = rng.choices(candidates, weights=[r.weight for r in candidates])[0]
+    others = [r for r in candidates if r is not first]
+    second = rng.choices(others, weights=[r.weight for r in others])[0]
+    return min((first, second), key=lambda r: ((r.outstanding + 1) / r.weight, r.latency))
 
 
 class Router:
@@ -169,7 +178,7 @@ class Router:
         return live
 
     def unhealthy(self) -> list[str]:
-        """Deployments with no healthy replica (for /ready)."""
+        """Deployments with no healthy replica (for /ready: degraded; requests still try them)."""
         return [name for name, live in self.deployments.items() if not live.healthy]
 
     async def aclose(self) -> None:

@@ -14,11 +14,19 @@ from collections.abc import AsyncIterator
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from gateway.core.errors import ClientGone
+from gateway.record import RequestRecord
+
 
 class EventStreamResponse(Response):
     def __init__(
-        self, body: AsyncIterator[bytes], media_type: str, raw_headers: list[tuple[bytes, bytes]]
+        self,
+        body: AsyncIterator[bytes],
+        media_type: str,
+        raw_headers: list[tuple[bytes, bytes]],
+        record: RequestRecord | None = None,
     ) -> None:
+        self.record = record  # says how the stream ended, when the client ended it
         self.body_iterator = body
         self.status_code = 200
         self.media_type = media_type
@@ -50,6 +58,8 @@ class EventStreamResponse(Response):
             if not state["gone"]:
                 raise
             task.uncancel()  # the client went away: there is no one left to answer
+            if self.record is not None and not self.record.error_code:
+                self.record.error_code = ClientGone.code
         finally:
             state["sending"] = False
             listener.cancel()

@@ -3,7 +3,7 @@
 A raw asyncio HTTP/1.1 server in a thread. The first path segment picks the behaviour:
 `ok`, `slow-<ms>`, `reset` (stream, then drop the socket), `stall` (never answer),
 `stall-mid` (one chunk, then silence), `malformed`, `flaky` (500 once, then ok),
-`busy` (429 with Retry-After: 1), `fail` (500; `POST /control/heal/fail` makes it ok),
+`busy` (429 with Retry-After: 1), `fail…` (500; `POST /control/heal/<name>` makes it ok),
 `drip-<ms>` (a stream whose every chunk comes <ms> after the one before).
 It counts requests per behaviour and knows how many connections are open.
 """
@@ -110,8 +110,8 @@ class FaultUpstream(LoopbackServer):
         if behaviour == "flaky":
             self.flaky_seen += 1
             behaviour = "status-500" if self.flaky_seen == 1 else "ok"
-        if behaviour == "fail":
-            behaviour = "ok" if "fail" in self.healed else "status-500"
+        if behaviour.startswith("fail"):
+            behaviour = "ok" if behaviour in self.healed else "status-500"
         if behaviour == "busy":
             await respond(writer, 429, error_body("busy"), {"Retry-After": "1"})
         elif behaviour.startswith("status-"):

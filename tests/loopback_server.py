@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import ssl
 import threading
 from typing import Any, Self
 
 
 class LoopbackServer:
     thread_name = "loopback-server"
+    ssl_context: ssl.SSLContext | None = None  # set for a TLS server
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
@@ -23,8 +25,10 @@ class LoopbackServer:
 
         def run() -> None:
             asyncio.set_event_loop(self.loop)
-            self.server = self.loop.run_until_complete(asyncio.start_server(self.handle, "127.0.0.1", 0))
-            self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+            serving = asyncio.start_server(self.handle, "127.0.0.1", 0, ssl=self.ssl_context)
+            self.server = self.loop.run_until_complete(serving)
+            scheme = "https" if self.ssl_context is not None else "http"
+            self.url = f"{scheme}://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
             ready.set()
             self.loop.run_forever()
 

@@ -33,7 +33,9 @@ from aleph_alpha_client.chat import Message, Role, StreamOptions
 from azure.ai.inference import ChatCompletionsClient
 from azure.core.credentials import AzureKeyCredential
 
-from backends.openai_compatible import OpenAICompatibleBackend, SSEDecoder
+from backends.openai_compatible import OpenAICompatibleBackend, StreamState, finish_reason
+from gateway.core.canonical import Finish
+from gateway.core.errors import BadGateway
 from tests.loopback_server import LoopbackServer
 from tests.servers import CHAT_PATHS, free_port, running_gateway
 
@@ -247,6 +249,9 @@ def gateway(tmp_path_factory: pytest.TempPathFactory, log_dir: Path, upstream: s
         {"name": "relay-lenient", "backend": "openai-compatible",
          "extra_parameters": "pass-through",
          "options": {**relay, "headers": {"extra-parameters": "pass-through"}}},
+        # an LMI upstream: its streams are JSON lines, and it refuses stream_options
+        {"name": "relay-lmi", "backend": "openai-compatible",
+         "options": {**relay, "base_url": f"{upstream}/lmi/v1", "stream_usage": False}},
         {"name": "unreachable", "backend": "openai-compatible",
          "options": {"base_url": f"http://127.0.0.1:{free_port()}/v1", "connect": 2},
          "health": {"failures": 1000}},
@@ -564,7 +569,7 @@ STATUS_CASES = [
     ("status-403", 502, "refused the gateway's credentials"),
     ("status-404", 404, "stub upstream says 404"),
     ("status-422", 422, "stub upstream says 422"),
-    ("status-429", 429, "stub upstream says 429"),
+    ("status-429", 429, "is busy or its limits for the gateway are used up"),  # its words are about us
     ("status-500", 502, "stub upstream says 500"),
     ("status-503", 502, "stub upstream says 503"),
     ("malformed", 502, "malformed"),
@@ -621,12 +626,16 @@ def test_upstream_request_carries_every_parameter(gateway: str, stub: StubUpstre
         "parallel_tool_calls": False,  # an OpenAI option: forwarded under its name
         "custom_knob": 1,  # an extra parameter the deployment lets through
     }
-    response = post(gateway, "openai", body)
+    traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    ids = {"x-request-id": f"client-{marker}", "traceparent": traceparent, "tracestate": "vendor=1"}
+    response = http_client().post(gateway + PATHS["openai"], json=body, headers=ids)
     assert response.status_code == 200, response.text
     sent = stub.connection_with(marker)
     assert sent.path == "/capture/v1/chat/completions"
     assert sent.headers["authorization"] == f"Bearer {SECRET}"
     assert sent.headers["x-tenant"] == "t1"
+    for name, value in ids.items():  # the request's ids and trace context go upstream with it
+        assert sent.headers[name] == value
     expected = {
         **{k: v for k, v in body.items() if k not in ("max_tokens", "stop", "stream")},
         "model": "stub-model",
@@ -662,6 +671,28 @@ def test_tool_call_fragments_are_joined(gateway: str) -> None:
     }
     # the upstream sent no usage: completion tokens are the chunks seen, prompt tokens 0
     assert answer["usage"] == (0, FRAGMENTED_CHUNKS_SEEN, FRAGMENTED_CHUNKS_SEEN)
+
+
+LMI_SCENARIOS = {
+    "plain": {},
+    "logprobs": {"logprobs": True, "top_logprobs": 2},
+    "stop": {"stop": ["Lisbon"]},
+    "n2": {"n": 2, "seed": 7},
+}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+@pytest.mark.parametrize("scenario", list(LMI_SCENARIOS))
+def test_an_lmi_upstream_is_relayed_as_it_answers(gateway: str, upstream: str, scenario: str, stream: bool):
+    """LMI streams JSON lines (no data:, no [DONE]); a matched stop string stays stop_sequence."""
+    params = LMI_SCENARIOS[scenario]
+    relayed = raw_chat(gateway, "lmi", "relay-lmi", stream, **params)
+    direct = raw_chat(upstream, "lmi", "relay-lmi", stream, **params)
+    assert relayed["choices"] == direct["choices"]
+    if not stream:
+        assert relayed["usage"] == direct["usage"]
+    finishes = {choice["finish"] for choice in relayed["choices"].values()}
+    assert finishes == ({"stop_sequence"} if scenario == "stop" else {"eos_token"})
 
 
 # ----- stalls and broken streams ----------------------------------------------------------------
@@ -729,16 +760,42 @@ def test_options_are_validated_and_the_key_stays_secret() -> None:
     assert backend.capabilities.max_n == 128 and backend.capabilities.max_top_logprobs == 20
 
 
-def test_sse_decoder_survives_any_split() -> None:
-    stream = (
-        b': keep-alive\n\ndata: {"a": 1}\r\n\r\nevent: x\ndata:{"b": 2}\n\n'
-        b'data: {"c":\ndata: 3}\n\ndata: [DONE]\n\ndata: {"late": 1}\n\n'
+# finish_reason, stop_reason (vLLM) / matched_stop (SGLang), the answer's end → canonical reason
+FINISH_CASES = [
+    ({"finish_reason": "stop"}, "answer", [], "stop"),
+    ({"finish_reason": "stop", "stop_reason": "END"}, "answer", ["END"], "stop_sequence"),
+    ({"finish_reason": "stop", "stop_reason": 128001}, "answer", ["END"], "stop"),  # a stop token
+    ({"finish_reason": "stop", "stop_reason": None}, "answer END", ["END"], "stop"),  # vLLM: EOS
+    ({"finish_reason": "stop", "matched_stop": "END"}, "answer", ["END"], "stop_sequence"),
+    ({"finish_reason": "stop"}, "answer END", ["X", "END"], "stop_sequence"),  # the match kept
+    ({"finish_reason": "stop"}, "answer", ["END"], "stop"),  # cut and not named: cannot tell
+    ({"finish_reason": "stop_sequence"}, "answer", [], "stop_sequence"),  # LMI, TGI
+    ({"finish_reason": "eos_token"}, "answer END", ["END"], "stop"),  # LMI said so
+    ({"finish_reason": "length"}, "answer END", ["END"], "length"),
+    ({"finish_reason": "tool_calls"}, "", [], "tool_calls"),
+    ({"finish_reason": "function_call"}, "", [], "tool_calls"),
+]
+
+
+@pytest.mark.parametrize(("choice", "text", "stops", "expected"), FINISH_CASES)
+def test_finish_reason(choice: dict[str, Any], text: str, stops: list[str], expected: str) -> None:
+    assert finish_reason(choice, text, stops) == expected
+
+
+def test_a_streamed_match_is_found_across_chunks_and_lmi_token_ids_are_text() -> None:
+    state = StreamState(1, ["STOP"])
+    events = []
+    for piece in ("say ", "ST", "OP"):
+        events += state.feed({"choices": [{"index": 0, "delta": {"content": piece}}]})
+    top = [{"token": 4711, "logprob": -0.5}]  # LMI's streamed top_logprobs may name a token id
+    logprobs = [{"content": [{"token": "x", "logprob": -0.1, "top_logprobs": top}]}]
+    events += state.feed(
+        {"choices": [{"index": 0, "delta": {}, "logprobs": logprobs, "finish_reason": "stop"}]}
     )
-    for size in (1, 2, 3, 7, len(stream)):
-        decoder = SSEDecoder()
-        payloads = []
-        for start in range(0, len(stream), size):
-            payloads += decoder.feed(stream[start : start + size])
-        payloads += decoder.close()
-        assert [orjson.loads(p) for p in payloads] == [{"a": 1}, {"b": 2}, {"c": 3}]
-        assert decoder.done
+    assert events[-1] == Finish(0, "stop_sequence")
+    assert events[-2].logprobs[0].top[0].token == "4711"
+
+
+def test_an_lmi_error_line_ends_the_stream_as_an_error() -> None:
+    with pytest.raises(BadGateway, match="boom"):
+        StreamState(1).feed({"code": 424, "type": "ServiceUnavailableException", "message": "boom"})

@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
-from backends.openai_compatible import UPSTREAM_STATUSES
+from backends.openai_compatible import UPSTREAM_STATUSES, in_our_words
 from backends.tgi_errors import STATUSES as TGI_STATUSES
 from backends.tgi_errors import tgi_error
 from backends.upstream_status import CREDENTIALS, Answer, StatusTable, UpstreamFailure, status_error
-from gateway.core.errors import BadGateway
+from gateway.core.errors import BadGateway, UpstreamRefused
 
 SECRET = "sk-upstream-4711"
 
@@ -24,7 +24,17 @@ OPENAI_CASES: list[tuple[int, tuple[int, str, Any, Any, Any]]] = [
     (404, (404, "bad", "temperature", None, None)),
     (409, (400, "bad", "temperature", None, None)),
     (422, (422, "bad", "temperature", ["body", "temperature"], None)),
-    (429, (429, "bad", None, None, "7")),
+    # its 429 words are about the gateway's account with it (quotas, plans): the client gets ours
+    (
+        429,
+        (
+            429,
+            "The upstream model server is busy or its limits for the gateway are used up: try again later.",
+            None,
+            None,
+            "7",
+        ),
+    ),
     (500, (502, "The upstream model server failed (500): bad", None, None, None)),
     (503, (502, "The upstream model server failed (503): bad", None, None, None)),
 ]
@@ -57,7 +67,25 @@ def test_each_status_becomes_the_backends_answer(table: StatusTable, status: int
 def test_refused_credentials_are_a_502_that_repeats_nothing(table: StatusTable, status: int) -> None:
     error = status_error(table, UpstreamFailure(status, f"Incorrect API key provided: {SECRET}", "api_key"))
     assert isinstance(error, BadGateway) and error.status == 502
+    assert isinstance(error, UpstreamRefused)  # never retried: another try presents the same key
     assert SECRET not in error.message and error.param is None and not error.headers
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        # chatgate's own words, as another chatgate upstream says them
+        "Extra parameters ['frobnicate', 'x'] are not allowed when 'extra-parameters' is 'error' "
+        "(send 'extra-parameters: pass-through' or 'drop' to change this).",
+        # Azure AI Model Inference's
+        "Extra parameters ['frobnicate', 'x'] are not allowed when extra-parameters is not set or set "
+        "to be 'error'. Set extra-parameters to 'pass-through' to pass to the model.",
+    ],
+)
+def test_advice_only_the_gateway_could_follow_is_said_in_its_own_words(message: str) -> None:
+    said = in_our_words(message, "frobnicate")
+    assert said == "Extra parameters ['frobnicate', 'x'] are not allowed by the upstream model server."
+    assert in_our_words("Unrecognized request argument supplied: x", "x").startswith("Unrecognized")
 
 
 def test_tgi_says_overloaded_with_a_retry_after_of_its_own_and_names_the_parameter() -> None:

@@ -15,7 +15,7 @@ import pytest
 
 from tests.servers import ROOT
 
-SMOKE_CONTENDERS = ("direct", "floor", "lean_floor", "upstream", "echo")
+SMOKE_CONTENDERS = ("direct", "floor", "upstream", "echo")
 POINT_FIGURES = ("rps", "p50_ms", "p90_ms", "p99_ms", "requests", "seconds", "server_cpu")
 GOAL_KEYS = {
     "upstream_over_floor_c32", "added_p50_c1_ms", "echo_over_upstream_c32",

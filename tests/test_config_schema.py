@@ -23,6 +23,7 @@ EXAMPLE_ENVIRONMENT = {
     "REDIS_URL": "redis://127.0.0.1:6379/0",
     "LLAMA_API_KEY": "sk-example",
     "BACKUP_API_KEY": "sk-example",
+    "OPENAI_API_KEY": "sk-example",
 }
 
 

@@ -20,7 +20,11 @@ from tests.fault_upstream import FaultUpstream
 from tests.servers import free_port, running_gateway
 
 DIALECTS = ["openai", "azure"]
-URLS = {"openai": "/v1/chat/completions", "azure": "/azure/chat/completions?api-version=2024-05-01-preview"}
+URLS = {
+    "openai": "/v1/chat/completions",
+    "azure": "/azure/chat/completions?api-version=2024-05-01-preview",
+    "lmi": "/lmi/v1/chat/completions",  # streams JSON lines: no keep-alive comments while it waits
+}
 USER = [{"role": "user", "content": "hello"}]
 
 
@@ -59,6 +63,11 @@ def gateway(upstream: FaultUpstream, tmp_path_factory, log_dir: Path) -> Iterato
         deployment("heal", [u("fail"), u("ok")], health={"failures": 2, "cooldown": 1.5}),
         deployment("primary-down", [closed], fallback=["backup"], health=never_eject),
         deployment("backup", [u("ok")]),
+        # a replica whose key the upstream refuses, beside a good one: never retried, never ejected
+        deployment("bad-key", [u("status-401"), u("ok")], health={"failures": 2}),
+        # its only replica dies and comes back: ejected for ten minutes, served again at once
+        deployment("phoenix", [u("fail-phoenix")], health={"failures": 1, "cooldown": 600},
+                   retries={"attempts": 1}),
     ]  # fmt: skip
     config = tmp_path_factory.mktemp("fleet") / "config.yaml"
     config.write_text(yaml.safe_dump({"deployments": deployments}))
@@ -266,6 +275,60 @@ def test_ready_reports_a_deployment_without_healthy_replicas(gateway):
     ready = httpx.get(f"{gateway}/ready")
     # `failover` still has a healthy replica; `refused` never ejects (failures: 1000)
     assert ready.status_code == 200, ready.text
+    assert "failover" not in ready.json()["unhealthy"]
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_a_refused_key_is_not_retried_and_ejects_nothing(gateway, upstream, dialect):
+    before = upstream.counts["status-401"] + upstream.counts["ok"]
+    responses = [post(gateway, dialect, "bad-key") for _ in range(12)]
+    refused = [r for r in responses if r.status_code == 502]
+    assert refused and all(r.status_code in (200, 502) for r in responses)
+    assert all("refused the gateway's credentials" in error_of(dialect, r.json()) for r in refused)
+    assert upstream.counts["status-401"] + upstream.counts["ok"] - before == 12  # one try each
+    values = metrics(gateway)
+    assert values['chatgate_replica_healthy{deployment="bad-key",replica="r0"}'] == 1
+    assert values.get('chatgate_retries_total{deployment="bad-key"}', 0) == 0
+
+
+def test_a_sole_replica_that_comes_back_serves_at_once_despite_its_cool_down(gateway, upstream):
+    """Panic routing: with every replica ejected, requests still try them."""
+    assert post(gateway, "openai", "phoenix").status_code == 502  # fails: ejected for 600 s
+    assert metrics(gateway)['chatgate_replica_healthy{deployment="phoenix",replica="r0"}'] == 0
+    ready = httpx.get(f"{gateway}/ready")
+    assert ready.status_code == 200 and ready.json()["status"] == "degraded", ready.text
+    assert "phoenix" in ready.json()["unhealthy"]
+    before = upstream.counts["fail-phoenix"]
+    assert post(gateway, "openai", "phoenix").status_code == 502  # still down: tried anyway
+    assert upstream.counts["fail-phoenix"] == before + 1
+    httpx.post(f"{upstream.url}/control/heal/fail-phoenix", content=b"")
+    started = time.monotonic()
+    response = post(gateway, "openai", "phoenix")
+    assert response.status_code == 200 and time.monotonic() - started < 1
+    values = metrics(gateway)
+    assert values['chatgate_replica_healthy{deployment="phoenix",replica="r0"}'] == 1
+    assert values['chatgate_panic_routed_total{deployment="phoenix"}'] >= 2
+    assert "phoenix" not in httpx.get(f"{gateway}/ready").json()["unhealthy"]
+
+
+@pytest.mark.parametrize(("dialect", "stream"), [("openai", False), ("lmi", True)], ids=["json", "stream"])
+def test_a_client_that_goes_away_before_the_answer_cancels_the_upstream_request(
+    gateway, upstream, dialect, stream
+):
+    key = (
+        f'chatgate_request_errors_total{{code="ClientClosedRequest",deployment="stall",dialect="{dialect}"}}'
+    )
+    before = metrics(gateway).get(key, 0)
+    with pytest.raises(httpx.ReadTimeout):
+        post(gateway, dialect, "stall", stream=stream, timeout=0.4)
+    deadline = time.monotonic() + 2
+    while upstream.answering["stall"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert upstream.answering["stall"] == 0  # hung up on long before the 1.5 s first-token timeout
+    time.sleep(0.1)
+    values = metrics(gateway)
+    assert values[key] == before + 1
+    assert values[f'chatgate_requests_total{{deployment="stall",dialect="{dialect}",status="499"}}'] >= 1
 
 
 def test_nothing_is_left_behind(gateway, upstream, baseline_fds):

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from gateway.core.errors import BadGateway
+from gateway.core.trace import Trace
 
 # Canonical finish reasons; each dialect maps them to its own words.
 FinishReason = Literal["stop", "stop_sequence", "length", "tool_calls", "content_filter"]
@@ -44,6 +45,7 @@ class ChatRequest:
     options: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
     deployment: str | None = None
+    trace: Trace = field(default_factory=Trace)  # ids sent upstream, and the upstream's
 
 
 @dataclass(slots=True)

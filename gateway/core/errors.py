@@ -163,6 +163,21 @@ class BadGateway(GatewayError):
     status, code, kind = 502, "BadGateway", "upstream_error"
 
 
+class UpstreamRefused(BadGateway):
+    """502: the upstream refused the gateway's own request (its credentials, 401/403). Another
+    try, on this replica or another with the same settings, gets the same answer: never retried,
+    and no mark against the replica's health."""
+
+    code = "UpstreamRefused"
+
+
+class UpstreamAnswerTooLarge(BadGateway):
+    """502: the upstream's answer (its headers or its body) is larger than the gateway reads. The
+    same request elsewhere would be as large: never retried, and no mark against the replica."""
+
+    code = "ResponseTooLarge"
+
+
 class ServiceUnavailable(GatewayError):
     """503: no replica can take the request now, or a store the gateway needs is away."""
 
