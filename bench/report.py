@@ -21,6 +21,8 @@ CONTENDERS = {  # key → label, in table order
     "upstream": "chatgate → nginx",
     "echo": "chatgate, echo backend",
     "policy": "chatgate → nginx, policy on",
+    "traced": "chatgate → nginx, tracing on",
+    "sampled": "chatgate → nginx, 1 in 10 traced",
     "workers2": "chatgate → nginx, 2 workers",
 }
 STREAM_SOURCES = {"direct": "nginx, direct", "floor": "Python floor", "chatgate": "chatgate → nginx"}
@@ -113,6 +115,14 @@ RATIOS = [
     Ratio(
         "policy_over_no_policy_c32", "policy on/off req/s, c=32", rps_ratio("policy", "upstream"), "%",
         0.90,
+    ),
+    Ratio(
+        "traced_over_untraced_c32", "tracing on/off req/s, c=32", rps_ratio("traced", "upstream"), "%",
+        0.85,
+    ),
+    Ratio(
+        "sampled_over_untraced_c32", "1 in 10 traced/off req/s, c=32", rps_ratio("sampled", "upstream"),
+        "%",
     ),
     Ratio(
         "added_first_chunk_p50_ms", "chatgate first chunk over direct, p50",

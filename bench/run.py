@@ -9,6 +9,8 @@ Contenders (each a separate process, all started at once and idle when not measu
   chatgate → nginx     openai-compatible backend; also streams, memory over many requests
   chatgate, echo       the embedded backend: the gateway's own cost without an upstream
   chatgate, policy on  a key (Bearer) and in-memory rate limits too high ever to refuse
+  chatgate, tracing on every request traced (a server and a client span), sent by OTLP/HTTP to
+                       an nginx location that keeps nothing; and with 1 request in 10 traced
   chatgate, 2 workers  `--workers 2` on both CPUs, against the pinned single worker
 
 The points are measured in rounds, each round taking the contenders in a rotated order, and
@@ -160,7 +162,7 @@ class Bench:
         conf = write_nginx_files(self.tmp, port)
         return self.start(name, pinned(cores, nginx_command(self.tmp, conf)), port, accepts_connections(port))
 
-    def start_chatgate(self, name: str, config: dict[str, Any], workers: int = 1) -> Server:
+    def start_chatgate(self, name: str, config: dict[str, Any], workers: int = 1, **env: str) -> Server:
         port = free_port()
         path = self.tmp / f"chatgate-{port}.yaml"
         path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -171,7 +173,7 @@ class Bench:
         if workers != 1:
             command += ["--workers", str(workers)]
         cores = self.cores.server if workers == 1 else self.cores.both
-        return self.start(name, pinned(cores, command), port, answers_health(port))
+        return self.start(name, pinned(cores, command), port, answers_health(port), **env)
 
     def chatgate_config(self, backend: str, policy_key_sha256: str | None = None) -> dict[str, Any]:
         def deployment(name: str, path: str) -> dict[str, Any]:
@@ -366,6 +368,14 @@ class Bench:
         headers = {"Authorization": f"Bearer {key}"}
         return Contender("policy", server, server.url + JSON_PATH, server.url + JSON_PATH, headers)
 
+    def launch_traced(self, key: str = "traced", sample_ratio: float = 1.0) -> Contender:
+        tracing = {"enabled": True, "sample_ratio": sample_ratio}
+        config = {**self.chatgate_config("openai-compatible"), "tracing": tracing}
+        server = self.start_chatgate(
+            f"chatgate {key}", config, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=f"{self.upstream.url}/v1/traces"
+        )
+        return Contender(key, server, server.url + JSON_PATH, server.url + JSON_PATH)
+
     def launch_workers(self) -> Contender:
         server = self.start_chatgate(
             "chatgate 2 workers", self.chatgate_config("openai-compatible"), workers=2
@@ -399,6 +409,8 @@ class Bench:
             "upstream": self.launch_upstream,
             "echo": self.launch_echo,
             "policy": self.launch_policy,
+            "traced": self.launch_traced,
+            "sampled": lambda: self.launch_traced("sampled", 0.1),
             "workers2": self.launch_workers,
         }
         contenders = {}

@@ -102,6 +102,9 @@ http {{
             alias {tmp}/stream.sse;
             error_page 405 =200 $uri;
         }}
+        location = /v1/traces {{  # an OTLP/HTTP collector that keeps nothing
+            return 200;
+        }}
     }}
 }}
 """

@@ -8,6 +8,7 @@ import asyncio
 import random
 import time
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from gateway.core.canonical import ChatRequest, Event, EventStream, TextDelta, ToolCallDelta, Usage
 from gateway.core.errors import (
@@ -22,6 +23,10 @@ from gateway.core.errors import (
 from gateway.metrics import Metrics
 from gateway.record import RequestRecord
 from gateway.router import LiveDeployment, Replica
+from gateway.tracing import Tracing
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 # Longest run of events relayed without giving the event loop a turn.
 TURN_SECONDS = 0.005
@@ -92,9 +97,31 @@ class Watchdog:
 
 
 class Dispatcher:
-    def __init__(self, metrics: Metrics, rng: random.Random) -> None:
+    def __init__(self, metrics: Metrics, rng: random.Random, tracing: Tracing | None = None) -> None:
         self.metrics = metrics
         self.rng = rng
+        self.tracing = tracing  # None: off
+
+    def attempt_span(
+        self, record: RequestRecord, live: LiveDeployment, replica: Replica, request: ChatRequest
+    ) -> Span | None:
+        """A client span for one attempt, under the request's server span; the upstream gets its
+        traceparent (with tracing off, the client's own goes on as it came)."""
+        if self.tracing is None or record.span is None:
+            return None
+        model = request.model or live.model
+        span = self.tracing.client_span(record.span, live.name, replica.name, live.config.backend, model)
+        carried = self.tracing.traceparent(span)
+        request.trace.traceparent = carried.get("traceparent", request.trace.traceparent)
+        return span
+
+    @staticmethod
+    def attempt_failed(span: Span | None, error: GatewayError) -> None:
+        if span is not None:
+            from opentelemetry.trace import Status, StatusCode
+
+            span.set_attributes({"error.type": error.code, "http.response.status_code": error.status})
+            span.set_status(Status(StatusCode.ERROR, error.code))
 
     async def events(
         self,
@@ -135,43 +162,50 @@ class Dispatcher:
                 replica.started()
                 begun = time.monotonic()
                 self.metrics.replica_health(live.name, replica)
-                events = replica.backend.generate(request)
-                watchdog = Watchdog()
+                span = self.attempt_span(record, live, replica, request)
                 try:
-                    first = await watchdog.next(
-                        events, min(live.config.timeouts.first_token, deadline - time.monotonic()),
-                        "time to first token",
-                    )  # fmt: skip
-                except NOT_RETRIED as error:
-                    watchdog.stop()
-                    await self.failed(live, replica, events, error, broken=False)
-                    raise
-                except RETRYABLE as error:
-                    watchdog.stop()
-                    # a busy replica (429) is not a broken one: no mark against its health
-                    await self.failed(
-                        live, replica, events, error, broken=not isinstance(error, TooManyRequests)
-                    )
-                    last_error = error
-                    wait = retry_after(error)
-                    if time.monotonic() + wait >= budget_ends or attempts >= config.retries.attempts:
+                    events = replica.backend.generate(request)
+                    watchdog = Watchdog()
+                    try:
+                        first = await watchdog.next(
+                            events, min(live.config.timeouts.first_token, deadline - time.monotonic()),
+                            "time to first token",
+                        )  # fmt: skip
+                    except NOT_RETRIED as error:
+                        self.attempt_failed(span, error)
+                        watchdog.stop()
+                        await self.failed(live, replica, events, error, broken=False)
                         raise
-                    if wait:
-                        busy_until[replica.name] = time.monotonic() + wait
-                    record.retries += 1
-                    self.metrics.retry(live.name)
-                    continue
-                except BaseException:
-                    watchdog.stop()
-                    replica.finished_without_verdict()
-                    await events.aclose()
-                    raise
-                relayed = self.relay(
-                    live, replica, events, first, deadline, record, begun, watchdog, on_usage
-                )
-                async for event in relayed:
-                    yield event
-                return
+                    except RETRYABLE as error:
+                        self.attempt_failed(span, error)
+                        watchdog.stop()
+                        # a busy replica (429) is not a broken one: no mark against its health
+                        await self.failed(
+                            live, replica, events, error, broken=not isinstance(error, TooManyRequests)
+                        )
+                        last_error = error
+                        wait = retry_after(error)
+                        if time.monotonic() + wait >= budget_ends or attempts >= config.retries.attempts:
+                            raise
+                        if wait:
+                            busy_until[replica.name] = time.monotonic() + wait
+                        record.retries += 1
+                        self.metrics.retry(live.name)
+                        continue
+                    except BaseException:
+                        watchdog.stop()
+                        replica.finished_without_verdict()
+                        await events.aclose()
+                        raise
+                    relayed = self.relay(
+                        live, replica, events, first, deadline, record, begun, watchdog, on_usage, span
+                    )
+                    async for event in relayed:
+                        yield event
+                    return
+                finally:
+                    if span is not None:
+                        span.end()
         if last_error is not None:
             raise last_error
         raise ServiceUnavailable(
@@ -191,6 +225,7 @@ class Dispatcher:
         begun: float,
         watchdog: Watchdog,
         on_usage: Callable[[Usage], Awaitable[None]] | None,
+        span: Span | None = None,
     ) -> EventStream:
         """The rest of a stream that has begun: idle and total timeouts, health verdict."""
         idle = live.config.timeouts.idle
@@ -204,6 +239,13 @@ class Dispatcher:
                 elif isinstance(event, Usage):
                     record.prompt_tokens = event.prompt_tokens
                     record.completion_tokens = event.completion_tokens
+                    if span is not None:
+                        span.set_attributes(
+                            {
+                                "gen_ai.usage.input_tokens": event.prompt_tokens,
+                                "gen_ai.usage.output_tokens": event.completion_tokens,
+                            }
+                        )
                     if on_usage is not None:
                         await on_usage(event)
                 yield event
@@ -220,14 +262,17 @@ class Dispatcher:
                 what = "idle between chunks" if idle <= remaining else "total time"
                 event = await watchdog.next(events, min(idle, remaining), what)
         except NOT_RETRIED as error:
+            self.attempt_failed(span, error)
             watchdog.stop()
             await self.failed(live, replica, events, error, broken=False)
             raise
         except RETRYABLE as error:
+            self.attempt_failed(span, error)
             watchdog.stop()
             await self.failed(live, replica, events, error)
             raise
-        except GatewayError:
+        except GatewayError as error:
+            self.attempt_failed(span, error)
             watchdog.stop()
             replica.finished_without_verdict()
             await events.aclose()

@@ -287,7 +287,7 @@ class FrontDoor(SpecMiddleware):
             self.metrics.started()
             if self.tracing is not None:
                 record.span = self.tracing.server_span(
-                    method, operation.route, headers_of(scope), record.request_id
+                    method, operation.route, scope["headers"], record.request_id
                 )
         try:
             response = await self.answer(scope, receive, operation, path_params, methods, request_id, record)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from backends import Backend, Capabilities, create_backend
@@ -154,11 +154,9 @@ class Router:
             replicas.append(Replica(name, weight, backend, config.health.failures, config.health.cooldown))
         return LiveDeployment(config, replicas)
 
-    def model_names(self) -> list[str]:
-        return list(self.by_model)
-
-    def knows(self, model: str) -> bool:
-        return model in self.by_model or self.catch_all is not None
+    def model_names(self, visible: Callable[[str], bool] = lambda deployment: True) -> list[str]:
+        """The models served, those of deployments `visible` lets through (a key's)."""
+        return [model for model, live in self.by_model.items() if visible(live.name)]
 
     @property
     def default(self) -> LiveDeployment:

@@ -56,7 +56,6 @@ class Runtime:
         self.started: int = previous.started if previous else int(time.time())
         self.router: Router = Router(settings.deployments, previous.router.deployments if previous else None)
         self.metrics: Metrics = previous.metrics if previous else Metrics()
-        self.dispatcher = Dispatcher(self.metrics, self.router.rng)
         self.keys = KeyStore(settings.keys)
         same_store = previous is not None and previous.settings.rate_limits == settings.rate_limits
         self.limiter: Limiter = (
@@ -67,6 +66,7 @@ class Runtime:
         self.tracing: Tracing | None = (
             previous.tracing if previous is not None and same_tracing else create_tracing(settings.tracing)
         )
+        self.dispatcher = Dispatcher(self.metrics, self.router.rng, self.tracing)
         self.counters = {d.name: PromptCounter(d.tokenizer) for d in settings.deployments}
         self.key_limits = {k.name: buckets_for(f"key:{k.name}", k.limits) for k in settings.keys}
 

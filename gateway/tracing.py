@@ -8,16 +8,21 @@ follow OpenTelemetry's GenAI conventions (`gen_ai.operation.name`, `gen_ai.syste
 `chatgate.deployment`, `chatgate.replica`, `chatgate.key` — the key's name, never the key).
 Spans go to an OTLP exporter configured by the standard `OTEL_EXPORTER_OTLP_*` variables.
 
-Off, nothing here runs: callers hold `None` and test for it once per request or attempt.
+Off, nothing here runs: callers hold `None` and test for it once per request or attempt. On,
+a request that is not sampled (its caller's `traceparent` says so, or `sample_ratio` drew it out)
+gets no span at all, decided before the SDK is asked: the SDK's unsampled spans still cost a
+third of a traced one. Such a request's upstream gets the caller's `traceparent` as it came.
 """
 
 from __future__ import annotations
 
 import os
+import random
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from gateway.config import TracingSettings
+from gateway.core.trace import TRACEPARENT
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer
@@ -44,16 +49,16 @@ class Tracing:
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
-        from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+        from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
         from opentelemetry.trace import SpanKind
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
         resource = Resource.create(
             {"service.name": os.environ.get("OTEL_SERVICE_NAME", settings.service_name)}
         )
-        self.provider = TracerProvider(
-            resource=resource, sampler=ParentBased(TraceIdRatioBased(settings.sample_ratio))
-        )
+        self.sample_ratio = settings.sample_ratio
+        # sampled() has decided before a span is started: the SDK keeps what it is given
+        self.provider = TracerProvider(resource=resource, sampler=ParentBased(ALWAYS_ON))
         if settings.exporter == "otlp":
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
@@ -67,7 +72,24 @@ class Tracing:
         self.getter = DefaultGetter()
         self.server_kind, self.client_kind = SpanKind.SERVER, SpanKind.CLIENT
 
-    def server_span(self, method: str, path: str, headers: Mapping[str, str], request_id: str) -> Span:
+    def sampled(self, traceparent: str | None) -> bool:
+        """ParentBased(TraceIdRatioBased), decided cheaply: a well-formed parent's sampled flag,
+        else a draw at `sample_ratio`."""
+        if traceparent is not None and TRACEPARENT.match(traceparent):
+            return bool(int(traceparent[-2:], 16) & 1)
+        return self.sample_ratio >= 1 or random.random() < self.sample_ratio
+
+    def server_span(
+        self, method: str, path: str, raw_headers: list[tuple[bytes, bytes]], request_id: str
+    ) -> Span | None:
+        """The request's server span, None when it is not sampled."""
+        headers = {
+            name.decode("latin-1"): value.decode("latin-1")
+            for name, value in raw_headers
+            if name in (b"traceparent", b"tracestate")
+        }
+        if not self.sampled(headers.get("traceparent")):
+            return None
         parent = self.propagator.extract(headers, getter=self.getter)  # the client's traceparent
         return self.tracer.start_span(
             f"{method} {path}",

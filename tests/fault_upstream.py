@@ -5,7 +5,8 @@ A raw asyncio HTTP/1.1 server in a thread. The first path segment picks the beha
 `stall-mid` (one chunk, then silence), `malformed`, `flaky` (500 once, then ok),
 `busy` (429 with Retry-After: 1), `fail…` (500; `POST /control/heal/<name>` makes it ok),
 `drip-<ms>` (a stream whose every chunk comes <ms> after the one before).
-It counts requests per behaviour and knows how many connections are open.
+It counts requests per behaviour, keeps the traceparent each request came with, and knows how
+many connections are open.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ class FaultUpstream(LoopbackServer):
         self.answering: Counter[str] = Counter()  # requests being answered now, by behaviour
         self.healed: set[str] = set()
         self.flaky_seen = 0
+        self.traceparents: list[tuple[str, str | None]] = []  # (behaviour, header) per request
 
     def base_url(self, behaviour: str) -> str:
         return f"{self.url}/{behaviour}/v1"
@@ -85,6 +87,7 @@ class FaultUpstream(LoopbackServer):
                     await respond(writer, 200, b"{}")
                     continue
                 self.counts[behaviour] += 1
+                self.traceparents.append((behaviour, headers.get("traceparent")))
                 stream = bool(orjson.loads(raw).get("stream")) if raw else False
                 self.answering[behaviour] += 1
                 try:

@@ -328,7 +328,8 @@ def test_a_client_that_goes_away_before_the_answer_cancels_the_upstream_request(
     time.sleep(0.1)
     values = metrics(gateway)
     assert values[key] == before + 1
-    assert values[f'chatgate_requests_total{{deployment="stall",dialect="{dialect}",status="499"}}'] >= 1
+    labels = f'deployment="stall",dialect="{dialect}",key="anonymous",status="499"'
+    assert values[f"chatgate_requests_total{{{labels}}}"] >= 1
 
 
 def test_nothing_is_left_behind(gateway, upstream, baseline_fds):

@@ -259,3 +259,44 @@ def test_health_and_specs_stay_open(url, dialect):
     assert httpx.get(f"{url}/health").status_code == 200
     mount = dialect.url_path.split("/")[1]
     assert httpx.get(f"{url}/{mount}/openapi.json").status_code == 200
+
+
+@pytest.fixture(scope="module")
+def listing_gateway(tmp_path_factory, log_dir: Path) -> Iterator[str]:
+    config = tmp_path_factory.mktemp("listing") / "config.yaml"
+    config.write_text(yaml.safe_dump(CONFIG))
+    with running_gateway(log_dir, config) as base:
+        yield base
+
+
+def test_model_listing_shows_what_the_key_may_use(listing_gateway):
+    def listed(key: str) -> list[str]:
+        answer = httpx.get(f"{listing_gateway}/v1/models", headers={"authorization": f"Bearer {key}"})
+        assert answer.status_code == 200
+        return [model["id"] for model in answer.json()["data"]]
+
+    everything = [deployment["name"] for deployment in CONFIG["deployments"]]
+    assert listed(KEY) == everything
+    assert listed(TEXT_ONLY_KEY) == ["text-only"]
+
+
+def test_a_model_hidden_from_the_key_reads_as_missing(listing_gateway):
+    def retrieve(model: str, key: str) -> httpx.Response:
+        return httpx.get(f"{listing_gateway}/v1/models/{model}", headers={"authorization": f"Bearer {key}"})
+
+    assert retrieve("echo", KEY).json()["id"] == "echo"
+    assert retrieve("text-only", TEXT_ONLY_KEY).json()["id"] == "text-only"
+    hidden, missing = retrieve("echo", TEXT_ONLY_KEY), retrieve("no-such-model", TEXT_ONLY_KEY)
+    assert hidden.status_code == missing.status_code == 404
+    assert hidden.json()["error"]["code"] == missing.json()["error"]["code"] == "model_not_found"
+
+
+def test_azure_model_info_is_for_deployments_the_key_may_use(listing_gateway):
+    def info(deployment: str, key: str) -> httpx.Response:
+        headers = {"authorization": f"Bearer {key}", "azureml-model-deployment": deployment}
+        return httpx.get(f"{listing_gateway}/azure/info?api-version=2024-05-01-preview", headers=headers)
+
+    assert info("text-only", TEXT_ONLY_KEY).status_code == 200
+    refused = info("echo", TEXT_ONLY_KEY)
+    assert refused.status_code == 404 and refused.headers["x-ms-error-code"]
+    assert info("echo", KEY).status_code == 200

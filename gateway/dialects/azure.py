@@ -100,6 +100,8 @@ class AzureTranslator(OpenAIShaped):
 def operations(runtime: Runtime, translator: OpenAIShaped) -> dict[str, Handler]:
     async def get_model_info(call: Call) -> Response:
         deployment = runtime.router.route(None, call.headers.get(DEPLOYMENT_HEADER))
+        if not call.caller.may_use(deployment.name):
+            raise DeploymentForbidden(deployment.name)
         body: azure_doc.ModelInfo = {
             "model_name": deployment.model,
             "model_type": "chat_completion",

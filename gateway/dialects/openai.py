@@ -1,4 +1,5 @@
-"""OpenAI: POST /chat/completions (JSON or SSE), GET /models, GET /models/{model}."""
+"""OpenAI: POST /chat/completions (JSON or SSE), GET /models, GET /models/{model} (both showing
+only what the caller's key may use)."""
 
 from __future__ import annotations
 
@@ -46,13 +47,19 @@ def operations(runtime: Runtime, translator: OpenAIShaped) -> dict[str, Handler]
     async def list_models(call: Call) -> Response:
         listed: openai_doc.ListModelsResponse = {
             "object": "list",
-            "data": [model_body(name, runtime.started) for name in runtime.router.model_names()],
+            "data": [
+                model_body(name, runtime.started) for name in runtime.router.model_names(call.caller.may_use)
+            ],
         }
         return Response(orjson.dumps(listed), media_type=JSON)
 
     async def retrieve_model(call: Call) -> Response:
         model = call.path_params["model"]
-        if not runtime.router.knows(model):
+        try:
+            deployment = runtime.router.route(model)
+        except ModelNotFound:
+            raise model_not_found(model) from None
+        if not call.caller.may_use(deployment.name):  # hidden from this key: as if not there
             raise model_not_found(model)
         return Response(orjson.dumps(model_body(model, runtime.started)), media_type=JSON)
 
