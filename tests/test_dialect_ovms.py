@@ -42,7 +42,7 @@ def test_stream_with_ovms_parameters(client: OpenAI):
 def test_best_of_below_n_is_refused(client: OpenAI):
     with pytest.raises(BadRequestError) as raised:
         client.chat.completions.create(model="echo", messages=MESSAGES, n=3, extra_body={"best_of": 2})
-    assert raised.value.response.json() == {"error": "best_of (2) must be greater than or equal to n (3)."}
+    assert raised.value.response.json()["error"].startswith("n value (3) cannot be greater than best_of (2)")
     assert (
         client.chat.completions.create(model="echo", messages=MESSAGES, n=2, extra_body={"best_of": 2})
         .choices[1]

@@ -24,14 +24,18 @@ from gateway.core.canonical import (
     ToolCallDelta,
     Usage,
 )
-from gateway.core.errors import GatewayError, UnprocessableContent
+from gateway.core.errors import BadRequest, GatewayError
 from gateway.core.parameters import BY_SPELLING
+from gateway.dialects.rules import Rule, first_breach
 from gateway.framing import SSE, Framing
 
 if TYPE_CHECKING:  # the documents' shapes, for the type checker only (generated/, no run-time cost)
     from generated import openai as openai_doc
 
 JSON = "application/json"
+# The names of the token limit, the first one given winning (OpenAI's newer name over its older
+# one; Aleph Alpha's client's name last).
+TOKEN_LIMITS = ("max_completion_tokens", "max_tokens", "maximum_tokens")
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +44,7 @@ class DocumentFacts:
 
     fields: frozenset[str]  # the parameters a chat body may hold
     unsupported: Mapping[str, str] = field(default_factory=dict)  # name → "ignored" | "rejected"
+    rules: tuple[Rule, ...] = ()  # the document's `x-chatgate-rules` (gateway/dialects/rules.py)
 
 
 @dataclass(slots=True)
@@ -102,6 +107,8 @@ class OpenAIShaped:
         """A validated chat body → the canonical request. Only the parameters the document
         defines are read; the others go to `extra`, untouched, for the extra-parameters policy."""
         body = self.screen_unsupported(body)
+        if (breach := first_breach(self.facts.rules, body)) is not None:
+            raise breach
         defined = self.facts.fields
         known: dict[str, Any] = {}
         options: dict[str, Any] = {}
@@ -131,9 +138,7 @@ class OpenAIShaped:
                 tool_choice = {"type": "function", "function": legacy_choice}
             elif legacy_choice is not None:
                 tool_choice = legacy_choice
-        max_tokens = known.get("max_completion_tokens")
-        if max_tokens is None:
-            max_tokens = known.get("max_tokens")
+        max_tokens = next((known[name] for name in TOKEN_LIMITS if known.get(name) is not None), None)
         return ChatRequest(
             model=known.get("model"),
             messages=known["messages"],
@@ -159,14 +164,15 @@ class OpenAIShaped:
         )
 
     def screen_unsupported(self, body: dict[str, Any]) -> dict[str, Any]:
-        """Refuse parameters the document marks rejected; drop those it marks ignored."""
+        """Refuse parameters the document marks rejected (400, as the documents say: the dialect
+        itself refuses them, whatever the model); drop those it marks ignored."""
         unsupported = self.facts.unsupported
         if not unsupported:
             return body
         present = [name for name in body if name in unsupported and body[name] is not None]
         for name in present:
             if unsupported[name] == "rejected":
-                raise UnprocessableContent(
+                raise BadRequest(
                     f"The parameter '{name}' is not supported by this API.",
                     param=name,
                     loc=["body", name],

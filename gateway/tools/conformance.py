@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.dialects import DIALECTS
+from gateway.dialects.rules import Rule, first_breach
 from gateway.spec import DialectSpec, load_document
 from gateway.tools.conformance_schema import for_schemathesis, register_json_lines
 from gateway.tools.vendor_specs import REFSPECS_HOW, VENDOR_DOCUMENTS, RefspecsError, VendorSpecs
@@ -129,8 +130,8 @@ def defined_body_fields(document: dict[str, Any]) -> dict[tuple[str, str], froze
     return fields
 
 
-# Rules a dialect's document states in prose that no OpenAPI 3.0 schema can express. Positive
-# cases are shaped to follow them, so that positive_data_acceptance judges everything else.
+# A rule a dialect's document states in prose that no schema can say, and that generated
+# positive bodies are shaped to keep (it is about the conversation, not about a parameter).
 Body = dict[str, Any]
 
 
@@ -146,27 +147,28 @@ def aleph_alpha_message_order(body: Body) -> Body:
     return {**body, "messages": head + turns}
 
 
-def ovms_cross_field_rules(body: Body) -> Body:
-    """Streaming takes neither logprobs, best_of nor include_stop_str_in_output=false;
-    stream_options needs stream; best_of is at least n."""
-    body = dict(body)
-    if body.get("stream"):
-        for name in ("logprobs", "best_of"):
-            body.pop(name, None)
-        if body.get("include_stop_str_in_output") is False:
-            del body["include_stop_str_in_output"]
-    else:
-        body.pop("stream_options", None)
-    best_of, n = body.get("best_of"), body.get("n")
-    if isinstance(best_of, int) and isinstance(n, int) and best_of < n:
-        body["n"] = best_of
-    return body
-
-
 DOCUMENTED_RULES: dict[str, Callable[[Body], Body]] = {
     "aleph_alpha": aleph_alpha_message_order,
-    "ovms": ovms_cross_field_rules,
 }
+
+
+def breaks_a_rule(rules: tuple[Rule, ...], body: Body) -> bool:
+    return first_breach(rules, body) is not None
+
+
+def judged_by_the_rules(case: Any, rules: tuple[Rule, ...]) -> None:
+    """A generated body that breaks a rule of the document's `x-chatgate-rules` is invalid by
+    the document: the case becomes a negative one, which the endpoint must refuse
+    (negative_data_rejection), instead of being reshaped to avoid the rule."""
+    from schemathesis.core.parameters import ParameterLocation
+    from schemathesis.generation import GenerationMode
+
+    if case.meta is None or not isinstance(case.body, dict) or not breaks_a_rule(rules, case.body):
+        return
+    case.meta.generation.mode = GenerationMode.NEGATIVE
+    body = case.meta.components.get(ParameterLocation.BODY)
+    if body is not None:
+        body.mode = GenerationMode.NEGATIVE
 
 
 EXTRA_FIELDS = ("strip", "pass-through", "drop")
@@ -176,12 +178,15 @@ def shape_cases(
     dialect: str, document: dict[str, Any], extra_fields: str = "strip"
 ) -> Callable[[Any, Any], Any]:
     """A schemathesis `map_case` hook: bodies carry only the parameters the document defines (the
-    rest is the extra-parameters policy's business) unless `extra_fields` keeps them, and positive
-    bodies follow the rules the document states in prose."""
+    rest is the extra-parameters policy's business) unless `extra_fields` keeps them; positive
+    bodies follow the message order the document states in prose, and those that break one of
+    its `x-chatgate-rules` are judged as the negative cases they are."""
     from schemathesis.generation import GenerationMode
 
     fields = defined_body_fields(document)
-    rules = DOCUMENTED_RULES.get(dialect)
+    shaping = DOCUMENTED_RULES.get(dialect)
+    chat = frozenset(DIALECTS[dialect].chat_operations) if dialect in DIALECTS else frozenset()
+    rules = DialectSpec(document, chat).rules
 
     def map_case(context: Any, case: Any) -> Any:
         defined = fields.get((case.operation.method.upper(), case.operation.path))
@@ -192,8 +197,10 @@ def shape_cases(
         else:
             case.headers = {**(case.headers or {}), "extra-parameters": extra_fields}
         positive = case.meta is None or case.meta.generation.mode == GenerationMode.POSITIVE
-        if rules is not None and positive:
-            case.body = rules(case.body)
+        if shaping is not None and positive:
+            case.body = shaping(case.body)
+        if positive:
+            judged_by_the_rules(case, rules)
         return case
 
     return map_case

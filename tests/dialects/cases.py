@@ -52,6 +52,15 @@ def translator(dialect_name: str) -> OpenAIShaped:
 
 # ----- requests -------------------------------------------------------------------------------
 
+# each dialect's chat path in its document
+CHAT_PATHS = {
+    "openai": "/chat/completions",
+    "azure": "/chat/completions",
+    "aleph_alpha": "/chat/completions",
+    "lmi": "/v1/chat/completions",
+    "ovms": "/chat/completions",
+}
+
 USER_MESSAGES = [{"role": "user", "content": "Hi"}]
 MINIMAL_BODY = {"messages": USER_MESSAGES}
 

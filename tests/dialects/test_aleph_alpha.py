@@ -1,7 +1,7 @@
 """The Aleph Alpha translator (gateway/dialects/aleph_alpha.py), table by table: the parameters
 aleph_alpha.yaml defines, those it marks `x-chatgate-unsupported` (ignored ones dropped, rejected
-ones refused with 422), the strict message order (400), completions with -9999.0 for a logprob the
-backend could not give, finish chunks with `content: ""`, and errors as
+ones refused with 400, as the document says), the strict message order (400), completions with
+-9999.0 for a logprob the backend could not give, finish chunks with `content: ""`, and errors as
 `{"error": message, "code": UPPER_SNAKE}`."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from gateway.core.canonical import Choice, Completion, Finish, FinishReason, TextDelta
-from gateway.core.errors import BadRequest, GatewayError, UnprocessableContent
+from gateway.core.errors import BadRequest, GatewayError
 from tests.dialects import cases
 from tests.dialects.cases import (
     LOGPROBS,
@@ -47,6 +47,7 @@ READS = [
     ),
     ReadCase("n", {"n": 2}, {"n": 2}),
     ReadCase("max_tokens", {"max_tokens": 5}, {"max_tokens": 5}),
+    ReadCase("maximum_tokens, the official client's name", {"maximum_tokens": 6}, {"max_tokens": 6}),
     ReadCase("stop as a string", {"stop": "END"}, {"stop": ["END"]}),
     ReadCase(
         "sampling numbers",
@@ -102,7 +103,7 @@ def rejected(name: str, value: Any) -> RefusedCase:
     return RefusedCase(
         f"rejected: {name}",
         {name: value},
-        UnprocessableContent,
+        BadRequest,
         "UnsupportedParameter",
         name,
         ["body", name],
@@ -130,6 +131,15 @@ REFUSED = [
     rejected("tool_choice", "auto"),
     rejected("response_format", {"type": "json_object"}),
     rejected("parallel_tool_calls", False),
+    RefusedCase(
+        "max_tokens and maximum_tokens together",
+        {"max_tokens": 5, "maximum_tokens": 6},
+        BadRequest,
+        "BadRequest",
+        "maximum_tokens",
+        ["body", "maximum_tokens"],
+        6,
+    ),
     out_of_order(["assistant"], 0),
     out_of_order(["system", "system", "user"], 1),
     out_of_order(["user", "user"], 1),
