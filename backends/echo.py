@@ -1,7 +1,8 @@
 """The embedded echo backend: deterministic, needs nothing, and says plainly it is not a model.
 
-It honours the request's shape (max_tokens, stop, n, seed, logprobs, response_format,
-forced tool_choice, streaming, usage) so every dialect can be exercised end to end.
+It honours the request's shape (max_tokens, stop and include_stop_str_in_output, n, seed,
+logprobs, response_format, forced tool_choice, streaming, usage) so every dialect can be
+exercised end to end.
 """
 
 from __future__ import annotations
@@ -33,7 +34,18 @@ from gateway.core.parameters import CATALOGUE
 
 # The parameters that shape the echo; every other one a request can set is accepted and ignored.
 SHAPING = frozenset(
-    {"max_tokens", "stop", "n", "seed", "logprobs", "top_logprobs", "response_format", "tools", "tool_choice"}
+    {
+        "max_tokens",
+        "stop",
+        "include_stop_str_in_output",
+        "n",
+        "seed",
+        "logprobs",
+        "top_logprobs",
+        "response_format",
+        "tools",
+        "tool_choice",
+    }
 )
 # Every parameter of the catalogue that the gateway does not handle itself, none sent anywhere.
 PARAMETERS: dict[str, Param] = {
@@ -264,9 +276,11 @@ class Words:
 
     def __init__(self, text: str, request: ChatRequest) -> None:
         self.reason: FinishReason = "stop"
-        cut_at = min((p for s in request.stop if s and (p := text.find(s)) >= 0), default=-1)
-        if cut_at >= 0:
-            text, self.reason = text[:cut_at], "stop_sequence"
+        found = [(at, stop) for stop in request.stop if stop and (at := text.find(stop)) >= 0]
+        if found:
+            at, stop = min(found, key=lambda match: (match[0], -len(match[1])))
+            keep = bool(request.options.get("include_stop_str_in_output"))  # OVMS's, for one
+            text, self.reason = text[: at + len(stop) if keep else at], "stop_sequence"
         self.rest: Iterator[re.Match[str]] | None = TOKEN.finditer(text)
         self.limit = request.max_tokens
         self.split: list[str] = []
