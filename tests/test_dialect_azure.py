@@ -97,11 +97,12 @@ def test_unknown_deployment_header_is_404(gateway_url: str):
 
 @pytest.mark.parametrize(
     ("policy", "status", "usage_chunks"),
-    [("drop", 200, 0), ("pass-through", 200, 0), ("error", 400, None)],
+    [("drop", 200, 1), ("pass-through", 200, 1), ("error", 400, None)],
 )
 def test_parameters_azure_does_not_define_are_extra(gateway_url: str, policy, status, usage_chunks):
     """`stream_options` is not in Azure's document: it is an extra parameter like any other,
-    dropped, passed through or refused as `extra-parameters` says, never read as if defined."""
+    dropped, passed through or refused as `extra-parameters` says, never read as if defined (the
+    usage is in the last chunk either way, as azure.yaml says, never in a chunk of its own)."""
     body = {
         "messages": [{"role": "user", "content": "hi"}],
         "stream": True,

@@ -32,7 +32,7 @@ class Dialect:
     spec_file: str
     doc_path: str
     url_path: str
-    unsupported: dict[str, Any]  # a parameter the text-only deployment does not take
+    unsupported: dict[str, Any]  # a parameter the text-only deployment does not take, first
     filtered_finish: str  # what content_filter reads as in this dialect
     image_part: dict[str, Any] = field(
         default_factory=lambda: {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
@@ -42,11 +42,13 @@ class Dialect:
         return {"model": model, "messages": [{"role": "user", "content": content}], **extra}
 
 
-# what the text-only deployment refuses; each dialect is tried with the first it defines
+# what the text-only deployment refuses; each dialect is tried with the first it defines (and
+# what that parameter needs beside it to mean something: LMI returns logprobs only with a
+# positive top_logprobs)
 TEXT_ONLY_REFUSES = {
-    "tools": [{"type": "function", "function": {"name": "f"}}],
-    "logprobs": True,
-    "top_k": 5,
+    "tools": {"tools": [{"type": "function", "function": {"name": "f"}}]},
+    "logprobs": {"logprobs": True, "top_logprobs": 1},
+    "top_k": {"top_k": 5},
 }
 
 
@@ -61,7 +63,7 @@ def dialect_under_test(route: ChatRoute) -> Dialect:
         route.document,
         route.doc_path,
         route.url,
-        {refused: TEXT_ONLY_REFUSES[refused]},
+        TEXT_ONLY_REFUSES[refused],
         registered.translator.finish_reasons["content_filter"],
     )
 
@@ -197,7 +199,7 @@ def test_unsupported_modality_is_404(url, dialect):
 
 
 def test_unsupported_parameter_is_422(url, dialect):
-    ((name, _),) = dialect.unsupported.items()
+    name = next(iter(dialect.unsupported))
     body = assert_error(post(url, dialect, dialect.body("text-only", **dialect.unsupported)), dialect, 422)
     assert name in str(body)
     if dialect.name == "azure":

@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from starlette.responses import Response
 
+from gateway.core.canonical import Event, Finish, Usage
 from gateway.core.errors import DeploymentForbidden, DeploymentNotFound, GatewayError
 from gateway.dialects.dialect import Dialect, Handler
-from gateway.dialects.shape import JSON, OpenAIShaped, RenderedError
+from gateway.dialects.shape import JSON, Answer, OpenAIShaped, RenderedError, StreamState
 
 if TYPE_CHECKING:
     from typing import TypeAlias
@@ -57,6 +58,27 @@ def detail_value(value: Any) -> str:
 
 
 class AzureTranslator(OpenAIShaped):
+    logprobs_in_choices = False  # neither the seed nor azure.yaml has a choice's `logprobs`
+    usage_chunk = "never"  # the usage goes on the last finish chunk instead (chunks below)
+    served_fields = ("system_fingerprint",)
+
+    def chunks(self, answer: Answer, event: Event, state: StreamState) -> list[dict[str, Any]]:
+        """azure.yaml: `usage` in the last chunk (an Azure request has no stream_options to ask
+        for it), which keeps a choice, as the refspec's chunk needs one: a finish chunk waits
+        for the usage that follows it."""
+        match event:
+            case Finish():
+                sent = [state.held.pop(i) for i in sorted(state.held)]
+                state.held[event.index] = super().chunks(answer, event, state)[-1]
+                return sent
+            case Usage():
+                sent = [state.held.pop(i) for i in sorted(state.held)]
+                if not sent:
+                    sent = [self.chunk_body(answer, state, [])]
+                sent[-1]["usage"] = self.usage_body(event)
+                return sent
+        return super().chunks(answer, event, state)
+
     def error_body(self, error: GatewayError, request_id: str) -> AzureError:
         """The seed's error body for the status: some have `code`, 400 names the `param`, 422
         says where in `detail`."""

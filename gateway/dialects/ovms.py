@@ -27,6 +27,9 @@ class OVMSTranslator(OpenAIShaped):
         "tool_calls": "stop",
         "content_filter": "stop",
     }
+    id_in_bodies = False  # OVMS sends no `id` (the seed lists it as unsupported)
+    missing_logprob = None  # ovms.yaml: null when the runtime has none
+    usage_in_chunks = "null_when_asked"
 
     def read(self, body: dict[str, Any]) -> ChatRequest:
         request = super().read(body)

@@ -1,8 +1,9 @@
 """The OpenVINO Model Server translator (gateway/dialects/ovms.py), table by table: OpenAI's
 parameters plus OVMS's own sampling options, null read as "not set", the parameters ovms.yaml marks
 rejected (400, as ovms.yaml says), the rules between fields of its `x-chatgate-rules` (400, one
-table for every dialect in test_rules.py), only `stop` and `length` as finish reasons, and errors
-as `{"error": message}`."""
+table for every dialect in test_rules.py), answers without `id` and logprobs without `refusal`
+(OVMS has neither), `usage: null` before the usage chunk, only `stop` and `length` as finish
+reasons, and errors as `{"error": message}`."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gateway.core.canonical import Choice, Completion, Finish, FinishReason, TextDelta
+from gateway.core.canonical import Choice, Completion, Finish, FinishReason, RefusalDelta, TextDelta
 from gateway.core.errors import BadRequest
 from tests.dialects import cases
 from tests.dialects.cases import (
@@ -243,8 +244,8 @@ def test_every_parameter_the_document_defines_has_a_row():
 
 
 def completion_body(choices: list[dict[str, Any]]) -> dict[str, Any]:
+    """OVMS sends no `id` (nor system_fingerprint)."""
     return {
-        "id": cases.ANSWER_ID,
         "object": "chat.completion",
         "created": cases.CREATED,
         "model": cases.MODEL,
@@ -296,7 +297,6 @@ COMPLETIONS = [
                         {"token": "!", "logprob": -0.5, "bytes": [33], "top_logprobs": []},
                         {"token": "?", "logprob": None, "bytes": [63], "top_logprobs": []},
                     ],
-                    "refusal": None,
                 },
                 "finish_reason": "length",
             }
@@ -341,7 +341,6 @@ def test_finish_reason_words(reason: FinishReason, word: str):
 
 def chunk(choice: dict[str, Any] | None = None, **more: Any) -> dict[str, Any]:
     return {
-        "id": cases.ANSWER_ID,
         "object": "chat.completion.chunk",
         "created": cases.CREATED,
         "model": cases.MODEL,
@@ -359,10 +358,21 @@ STREAMS = [
         "text, finish and usage",
         [TextDelta(0, "Hel"), TextDelta(0, "lo"), Finish(0, "stop_sequence"), USAGE],
         [
-            chunk(choice({"role": "assistant", "content": ""})),
-            chunk(choice({"content": "Hel"})),
-            chunk(choice({"content": "lo"})),
-            chunk(choice({}, "stop")),
+            chunk(choice({"role": "assistant", "content": ""}), usage=None),
+            chunk(choice({"content": "Hel"}), usage=None),
+            chunk(choice({"content": "lo"}), usage=None),
+            chunk(choice({}, "stop"), usage=None),
+            chunk(usage=USAGE_BODY),
+        ],
+        include_usage=True,
+    ),
+    StreamCase(
+        "no fingerprint, no usage details (OVMS has neither); a refusal is content",
+        [cases.SERVED, RefusalDelta(0, cases.REFUSAL), Finish(0, "stop"), cases.DETAILED_USAGE],
+        [
+            chunk(choice({"role": "assistant", "content": ""}), usage=None),
+            chunk(choice({"content": cases.REFUSAL}), usage=None),
+            chunk(choice({}, "stop"), usage=None),
             chunk(usage=USAGE_BODY),
         ],
         include_usage=True,
