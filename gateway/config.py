@@ -51,11 +51,23 @@ class Limits(Strict):
     tokens_per_minute: int | None = Field(default=None, ge=1)
 
 
+class ParameterRange(Strict):
+    """The values the deployment's model takes for one parameter (either bound may be left out)."""
+
+    minimum: float | None = None
+    maximum: float | None = None
+
+
 class DeploymentCapabilities(Strict):
     """Narrows what the backend declares, for the model this deployment serves."""
 
     modalities: list[Literal["text", "image", "audio"]] | None = None
     unsupported_parameters: list[str] = Field(default_factory=list)
+    parameter_ranges: dict[str, ParameterRange] = Field(
+        default_factory=dict,
+        description="the values the model takes, by parameter (e.g. temperature: {maximum: 1}); "
+        "a request outside them is refused with 422 (Azure's 'value not supported by the model')",
+    )
     context_length: int | None = Field(default=None, ge=1)
     max_n: int | None = Field(default=None, ge=1)
     max_output_tokens: int | None = Field(
@@ -64,6 +76,16 @@ class DeploymentCapabilities(Strict):
     default_max_tokens: int | None = Field(
         default=None, ge=1, description="the limit a request that sets none gets"
     )
+
+    @field_validator("parameter_ranges")
+    @classmethod
+    def known_parameters(cls, ranges: dict[str, ParameterRange]) -> dict[str, ParameterRange]:
+        from gateway.core.parameters import BY_NAME
+
+        unknown = sorted(set(ranges) - set(BY_NAME))
+        if unknown:
+            raise ValueError(f"unknown parameters {unknown}; parameters are named as in the catalogue")
+        return ranges
 
 
 class Replica(Strict):

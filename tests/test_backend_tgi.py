@@ -566,7 +566,7 @@ def test_tgi_errors_reach_each_dialect_in_its_shape(tgi, gateway, dialect, tgi_s
     if status == 422 and dialect == "openai":
         assert response.json()["error"]["param"] == "temperature"  # named by TGI's message
     if status == 422 and dialect == "azure":
-        assert response.json()["detail"][0]["loc"] == ["body", "temperature"]
+        assert response.json()["detail"]["loc"] == ["body", "temperature"]
 
 
 @pytest.mark.parametrize("deployment", ["tiny", "tiny-generate"])

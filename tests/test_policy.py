@@ -88,6 +88,7 @@ CONFIG = {
             "capabilities": {
                 "modalities": ["text"],
                 "unsupported_parameters": ["tools", "logprobs", "top_k"],
+                "parameter_ranges": {"temperature": {"maximum": 1}},
             },
         },
         {"name": "one-per-minute", "backend": "echo", "limits": {"requests_per_minute": 1}},
@@ -203,7 +204,18 @@ def test_unsupported_parameter_is_422(url, dialect):
     body = assert_error(post(url, dialect, dialect.body("text-only", **dialect.unsupported)), dialect, 422)
     assert name in str(body)
     if dialect.name == "azure":
-        assert body["detail"][0]["loc"] == ["body", name]
+        assert body["detail"]["loc"] == ["body", name]
+
+
+def test_a_value_outside_the_models_range_is_422(url, dialect):
+    """Within the document's range (Azure's has no maximum: the seed says the model answers 422)
+    but above what the deployment's model takes."""
+    body = assert_error(post(url, dialect, dialect.body("text-only", temperature=1.5)), dialect, 422)
+    assert "temperature" in str(body)
+    if dialect.name == "azure":
+        assert body["detail"] == {"loc": ["body", "temperature"], "value": "1.5"}
+    within = post(url, dialect, dialect.body("text-only", temperature=0.5))
+    assert within.status_code == 200, within.text
 
 
 def test_requests_per_minute_is_429(url, dialect):

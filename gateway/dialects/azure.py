@@ -1,8 +1,9 @@
 """Azure AI Model Inference: POST /chat/completions and GET /info (both need `api-version`).
 
-Errors are the seed's flat bodies (`error`, `message`, `status`, and per status `code`,
-`param`, `detail`) with the machine-readable code in the `x-ms-error-code` header. The
-`azureml-model-deployment` header names the deployment.
+Messages are read in the seed's shapes (content parts {type, content, detail} on any role) as
+well as the refspec's. Errors are the seed's flat bodies (`error`, `message`, `status`, and per
+status `code`, `param`, `detail`) with the machine-readable code in the `x-ms-error-code` header.
+The `azureml-model-deployment` header names the deployment.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from starlette.responses import Response
 
-from gateway.core.canonical import Event, Finish, Usage
+from gateway.core.canonical import ChatRequest, Event, Finish, Usage
 from gateway.core.errors import DeploymentForbidden, DeploymentNotFound, GatewayError
 from gateway.dialects.dialect import Dialect, Handler
 from gateway.dialects.shape import JSON, Answer, OpenAIShaped, RenderedError, StreamState
@@ -57,10 +58,39 @@ def detail_value(value: Any) -> str:
     return value if isinstance(value, str) else orjson.dumps(value).decode()
 
 
+def part_read(part: Any) -> Any:
+    """A content part as the seed writes it ({type, content, detail}) in the refspec's (and
+    OpenAI's) shape, which every backend reads; a part already in that shape as it is."""
+    if not isinstance(part, dict) or "content" not in part:
+        return part
+    kind = part.get("type")
+    if kind == "text":
+        return {"type": "text", "text": part["content"]}
+    if kind in ("image", "image_url"):
+        image = {"url": part["content"]}
+        if part.get("detail") is not None:
+            image["detail"] = part["detail"]
+        return {"type": "image_url", "image_url": image}
+    return part
+
+
+def message_read(message: Any) -> Any:
+    content = message.get("content") if isinstance(message, dict) else None
+    if not isinstance(content, list) or not any(isinstance(p, dict) and "content" in p for p in content):
+        return message
+    return {**message, "content": [part_read(part) for part in content]}
+
+
 class AzureTranslator(OpenAIShaped):
     logprobs_in_choices = False  # neither the seed nor azure.yaml has a choice's `logprobs`
     usage_chunk = "never"  # the usage goes on the last finish chunk instead (chunks below)
     served_fields = ("system_fingerprint",)
+
+    def read(self, body: dict[str, Any]) -> ChatRequest:
+        messages = body.get("messages")
+        if isinstance(messages, list):
+            body = {**body, "messages": [message_read(m) for m in messages]}
+        return super().read(body)
 
     def chunks(self, answer: Answer, event: Event, state: StreamState) -> list[dict[str, Any]]:
         """azure.yaml: `usage` in the last chunk (an Azure request has no stream_options to ask
@@ -107,7 +137,7 @@ class AzureTranslator(OpenAIShaped):
                     "message": error.message,
                     "status": 422,
                     "code": error.code,
-                    "detail": [{"loc": location, "value": detail_value(error.value)}],
+                    "detail": {"loc": location, "value": detail_value(error.value)},
                 }
         return {"error": short, "message": error.message, "status": error.status, "code": error.code}
 

@@ -250,10 +250,6 @@ UPSTREAM_TIMEOUT = GatewayTimeout(
     "The model did not answer in time (first byte: 30s).", code="UpstreamTimeout"
 )  # gateway/dispatch.py
 
-# No document lists 405 (the front door answers it for a known path with another method): its
-# rendering is checked by the tables only.
-UNDOCUMENTED_STATUSES = frozenset({405})
-
 
 @dataclass(frozen=True)
 class ErrorCase:

@@ -41,6 +41,18 @@ WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather"}}
 
 # ----- read -------------------------------------------------------------------------------------
 
+USER = [{"role": "user", "content": "Hi"}]
+SEED_PARTS = [
+    {"type": "text", "content": "What is this?"},
+    {"type": "image", "content": "data:image/png;base64,iVBORw0KGgo=", "detail": "low"},
+    {"type": "image_url", "content": "https://example.com/cat.png"},
+]
+READ_PARTS = [
+    {"type": "text", "text": "What is this?"},
+    {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo=", "detail": "low"}},
+    {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}},
+]
+
 READS = [
     ReadCase("minimal body", {}, {}),
     ReadCase("model", {"model": "phi-3"}, {"model": "phi-3"}),
@@ -81,6 +93,22 @@ READS = [
         {"extra": {"logprobs": "yes", "functions": 1, "user": ["u"], "logit_bias": None}},
     ),
     ReadCase("a model's own parameter is extra", {"safe_mode": True}, {"extra": {"safe_mode": True}}),
+    # the seed's message shapes, read as the refspec's (and OpenAI's), which every backend reads
+    ReadCase(
+        "the seed's parts: text content, image and image_url content with detail",
+        {"messages": [{"role": "user", "content": SEED_PARTS}]},
+        {"messages": [{"role": "user", "content": READ_PARTS}]},
+    ),
+    ReadCase(
+        "the seed's parts on any role, mixed with the refspec's",
+        {"messages": [{"role": "system", "content": [SEED_PARTS[0], READ_PARTS[0]]}, *USER]},
+        {"messages": [{"role": "system", "content": [READ_PARTS[0], READ_PARTS[0]]}, *USER]},
+    ),
+    ReadCase(
+        "the seed's tool message: no tool_call_id, kept as it is",
+        {"messages": [*USER, {"role": "tool", "content": "22 degrees"}]},
+        {"messages": [*USER, {"role": "tool", "content": "22 degrees"}]},
+    ),
 ]
 
 
@@ -376,7 +404,7 @@ ERRORS = [
             cases.UNSUPPORTED_PARAMETER,
             "Unprocessable content",
             code="UnsupportedParameter",
-            detail=[{"loc": ["body", "top_k"], "value": "5"}],
+            detail={"loc": ["body", "top_k"], "value": "5"},
         ),
         error_code("UnsupportedParameter"),
     ),
@@ -388,7 +416,7 @@ ERRORS = [
             IMAGE_REFUSED,
             "Unprocessable content",
             code="UnsupportedContent",
-            detail=[{"loc": ["body", "messages", "0", "content", "1", "type"], "value": "image_url"}],
+            detail={"loc": ["body", "messages", "0", "content", "1", "type"], "value": "image_url"},
         ),
         error_code("UnsupportedContent"),
     ),
@@ -400,7 +428,7 @@ ERRORS = [
             N_REFUSED,
             "Unprocessable content",
             code="UnprocessableContent",
-            detail=[{"loc": ["body", "n"], "value": "3"}],
+            detail={"loc": ["body", "n"], "value": "3"},
         ),
         error_code("UnprocessableContent"),
     ),
@@ -446,5 +474,4 @@ ERRORS = [
 def test_error(case: ErrorCase):
     rendered = TRANSLATOR.error(case.error, "request-1")
     assert (rendered.status, rendered.body, rendered.headers) == (case.status, case.body, case.headers)
-    if case.status not in cases.UNDOCUMENTED_STATUSES:
-        assert response_errors(SPEC, PATH, "post", case.status, rendered.body) == []
+    assert response_errors(SPEC, PATH, "post", case.status, rendered.body) == []
