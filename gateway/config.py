@@ -275,6 +275,31 @@ class ClientLimits(Strict):
     max_connections: int = Field(default=1000, ge=1, description="connections per worker; more are closed")
 
 
+class Media(Strict):
+    """Images an OVMS request names by path or URL (gateway/policy/media.py)."""
+
+    allowed_local_media_path: Path | None = Field(
+        default=None,
+        description="a directory whose files an OVMS request may name as images, by absolute path "
+        "(OVMS's --allowed_local_media_path): read by the gateway, symlinks resolved and kept "
+        "inside it; none: local paths are refused with 400",
+    )
+    max_local_media_bytes: int = Field(
+        default=20 * 1024 * 1024, ge=1, description="the largest local image read; larger: 400"
+    )
+
+    @field_validator("allowed_local_media_path")
+    @classmethod
+    def existing_directory(cls, path: Path | None) -> Path | None:
+        if path is None:
+            return None
+        if not path.is_absolute():
+            raise ValueError(f"{path} is not an absolute path")
+        if not path.is_dir():
+            raise ValueError(f"{path} is not a directory")
+        return path.resolve()
+
+
 class Server(Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
@@ -299,6 +324,7 @@ class Settings(Strict):
     keys: list[Key] = Field(default_factory=list)
     rate_limits: RateLimiting = RateLimiting()
     content_filter: ContentFilter = ContentFilter()
+    media: Media = Media()
     deployments: list[Deployment] = Field(
         default_factory=lambda: [Deployment(name="echo", backend="echo", models=["*"])],
         min_length=1,

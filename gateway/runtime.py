@@ -27,6 +27,7 @@ from gateway.policy.limits import (
     rate_headers,
     refused,
 )
+from gateway.policy.media import MediaPolicy
 from gateway.record import RequestRecord
 from gateway.router import LiveDeployment, Router
 
@@ -58,6 +59,7 @@ class Runtime:
         self.keys = KeyStore(settings.keys)
         self.limiter = create_limiter(settings.rate_limits)
         self.content_filter = Filter(settings.content_filter)
+        self.media = MediaPolicy(settings.media)
         self.key_limits = {k.name: buckets_for(f"key:{k.name}", k.limits) for k in settings.keys}
 
     async def admit(

@@ -1,7 +1,8 @@
 """OpenVINO Model Server: POST /chat/completions with its own sampling parameters
 (top_k, repetition_penalty, best_of, length_penalty, ignore_eos, speculative and prompt
 lookup decoding); errors as `{"error": message}`. Its rules between fields are in ovms.yaml
-(`x-chatgate-rules`)."""
+(`x-chatgate-rules`); its images (base64, http(s), a local path under the allowed directory) are
+screened by gateway/policy/media.py before any backend."""
 
 from __future__ import annotations
 
@@ -49,4 +50,5 @@ DIALECT = Dialect(
     default_mount="/v3",
     translator=OVMSTranslator,
     chat_operations=("createChatCompletion",),
+    screens_media=True,
 )
