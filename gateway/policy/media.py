@@ -4,12 +4,16 @@ forms: ovms.yaml `ImageUrl`):
 - a base64 `data:` URL: passed on;
 - an `http://` or `https://` URL: passed on only when every address its host resolves to is a
   public one, so that no backend is made to fetch from loopback, link-local or private ranges
-  on a client's behalf (the gateway itself never fetches it);
-- a path on the gateway's filesystem: only under `media.allowed_local_media_path` (symlinks
-  resolved, no `..`), read by the gateway and passed on as a base64 `data:` URL, which every
-  backend, local or remote, can read.
+  on a client's behalf (the gateway itself never fetches it); else 403;
+- an absolute path on the gateway's filesystem: only under `media.allowed_local_media_path`
+  (symlinks resolved), read by the gateway and passed on as a base64 `data:` URL, which every
+  backend, local or remote, can read; a path the server does not allow is a 403, no file there
+  a 404.
 
-Anything else is a 400 that says which of the three forms the image must take.
+Anything else (junk, a relative path, one with `..`) is a 400 that says which of the three forms
+the image must take; ovms.yaml's pattern for the URL says the same, so the front door usually
+answers it first. The statuses tell a request the document refuses (400) from one it admits
+and this server's configuration or network refuses (403, 404).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from urllib.parse import urlsplit
 
 from gateway.config import Media
 from gateway.core.canonical import ChatRequest
-from gateway.core.errors import BadRequest
+from gateway.core.errors import BadRequest, Forbidden, GatewayError, NotFound
 
 # host → the addresses it resolves to (raises OSError when it resolves to none)
 Resolver = Callable[[str], Awaitable[list[str]]]
@@ -91,43 +95,57 @@ class MediaPolicy:
             raise refused("The image URL has no host.", loc, url)
         try:
             addresses = [host] if is_address(host) else await self.resolve(host)
-        except OSError:
-            raise refused(f"The image URL's host '{host}' cannot be resolved.", loc, url) from None
-        if not addresses or not all(is_public(address) for address in addresses):
+        except (OSError, UnicodeError, ValueError):  # no such name, or not a name at all (idna)
+            addresses = []
+        if not addresses:
+            raise refused(
+                f"The image URL's host '{host}' cannot be resolved, so it cannot be checked: images "
+                "are taken only from public addresses.",
+                loc,
+                url,
+                Forbidden,
+            )
+        if not all(is_public(address) for address in addresses):
             raise refused(
                 f"The image URL's host '{host}' is a loopback, link-local or private address: "
                 "images are taken only from public addresses.",
                 loc,
                 url,
+                Forbidden,
             )
 
     async def read_local(self, path: str, loc: list[str | int]) -> str:
-        if self.root is None:
-            raise refused(f"Local image paths are not allowed on this server; send {FORMS}.", loc, path)
         named = PurePosixPath(path)
-        if ".." in named.parts:
-            raise refused("A local image path may not contain '..'.", loc, path)
         if not named.is_absolute():
             raise refused(f"The image is not one of {FORMS}.", loc, path)
-        try:
-            data, media_type = await asyncio.to_thread(self.read_under_root, Path(path))
-        except OSError:
-            raise refused(
-                "The image path is not a readable file under the allowed local media directory.", loc, path
-            ) from None
-        return f"data:{media_type};base64,{base64.b64encode(data).decode()}"
+        if ".." in named.parts:
+            raise refused("A local image path may not contain '..'.", loc, path)
+        if self.root is None:
+            raise refused("Local image paths are not allowed on this server.", loc, path, Forbidden)
+        return await asyncio.to_thread(self.read_under_root, Path(path), loc)
 
-    def read_under_root(self, path: Path) -> tuple[bytes, str]:
-        """The file's bytes and media type, when it lies under the root once symlinks are resolved."""
+    def read_under_root(self, path: Path, loc: list[str | int]) -> str:
+        """The file as a data: URL, when it lies under the root once symlinks are resolved."""
         assert self.root is not None
-        real = path.resolve(strict=True)
-        if not real.is_relative_to(self.root) or not real.is_file():
-            raise PermissionError(path)
-        with real.open("rb") as handle:
-            data = handle.read(self.max_bytes + 1)
+        try:
+            real = path.resolve(strict=True)
+        except OSError:
+            raise refused("No image file at this path.", loc, str(path), NotFound) from None
+        if not real.is_relative_to(self.root):
+            raise refused(
+                "The image path leads outside the allowed local media directory.", loc, str(path), Forbidden
+            )
+        if not real.is_file():  # a directory, a device, a pipe
+            raise refused("No image file at this path.", loc, str(path), NotFound)
+        try:
+            with real.open("rb") as handle:
+                data = handle.read(self.max_bytes + 1)
+        except OSError:  # unreadable
+            raise refused("No image file at this path.", loc, str(path), NotFound) from None
         if len(data) > self.max_bytes:
-            raise PermissionError(path)
-        return data, mimetypes.guess_type(real.name)[0] or "application/octet-stream"
+            raise refused(f"The image file is larger than {self.max_bytes} bytes.", loc, str(path))
+        media_type = mimetypes.guess_type(real.name)[0] or "application/octet-stream"
+        return f"data:{media_type};base64,{base64.b64encode(data).decode()}"
 
 
 def is_address(host: str) -> bool:
@@ -138,8 +156,11 @@ def is_address(host: str) -> bool:
     return True
 
 
-def refused(message: str, loc: list[str | int], value: Any = None) -> BadRequest:
-    return BadRequest(message, param="messages", loc=loc, value=value, code="InvalidImage")
+def refused(
+    message: str, loc: list[str | int], value: Any = None, kind: type[GatewayError] = BadRequest
+) -> GatewayError:
+    codes = {BadRequest: "InvalidImage", Forbidden: "ImageNotAllowed", NotFound: "ImageNotFound"}
+    return kind(message, param="messages", loc=loc, value=value, code=codes[kind])
 
 
 def with_urls(messages: list[dict[str, Any]], urls: dict[tuple[int, int], str]) -> list[dict[str, Any]]:
