@@ -51,6 +51,8 @@ class OperationResult:
     cases: int = 0
     findings: dict[tuple[str, str], Finding] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    answers: int = 0  # responses recorded
+    unauthorized: int = 0  # of them 401
 
 
 @dataclass
@@ -62,6 +64,8 @@ class Report:
     max_examples: int
     operations: dict[str, OperationResult] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    auth: str = ""  # how the run authenticated, as the report says it
+    key_sent: bool = False
 
     def operation(self, label: str) -> OperationResult:
         return self.operations.setdefault(label, OperationResult(label))
@@ -71,8 +75,23 @@ class Report:
         return [(op.label, f) for op in self.operations.values() for f in op.findings.values()]
 
     @property
+    def answers(self) -> int:
+        return sum(op.answers for op in self.operations.values())
+
+    @property
+    def unauthorized(self) -> int:
+        return sum(op.unauthorized for op in self.operations.values())
+
+    @property
+    def locked_out(self) -> bool:
+        """Most answers were 401: the run tested the endpoint's key check, not its document (a
+        schema check has nothing to say of a 401 body, so such a run would otherwise look clean)."""
+        return self.answers > 0 and self.unauthorized * 2 > self.answers
+
+    @property
     def clean(self) -> bool:
-        return not self.findings and not self.errors and not any(op.errors for op in self.operations.values())
+        problems = self.findings or self.errors or any(op.errors for op in self.operations.values())
+        return not problems and not self.locked_out
 
 
 # ----- the vendor check -----------------------------------------------------------------------
@@ -206,6 +225,48 @@ def shape_cases(
     return map_case
 
 
+def served_document(url: str, document: dict[str, Any]) -> dict[str, Any] | None:
+    """The dialect's document as the endpoint serves it (`<url>/openapi.json`, as chatgate does),
+    when it serves this one; None otherwise (a real upstream serves none)."""
+    import httpx
+
+    try:
+        response = httpx.get(url.rstrip("/") + "/openapi.json", timeout=10)
+        served = response.json() if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
+    same = isinstance(served, dict) and served.get("info", {}).get("title") == document["info"]["title"]
+    return served if same else None
+
+
+def with_served_security(document: dict[str, Any], served: dict[str, Any]) -> dict[str, Any]:
+    """The document with the security the endpoint declares for itself: a gateway with no keys
+    serves its document without `security`, and is tested as the open endpoint it is."""
+    document = dict(document)
+    document.pop("security", None)
+    if "security" in served:
+        document["security"] = served["security"]
+    paths = {}
+    for path, item in document.get("paths", {}).items():
+        paths[path] = dict(item)
+        for method, operation in item.items():
+            if isinstance(operation, dict) and "security" in operation:
+                served_operation = served.get("paths", {}).get(path, {}).get(method, {})
+                operation = {k: v for k, v in operation.items() if k != "security"}
+                if "security" in served_operation:
+                    operation["security"] = served_operation["security"]
+                paths[path][method] = operation
+    document["paths"] = paths
+    return document
+
+
+def declares_security(document: dict[str, Any]) -> bool:
+    operations = [
+        op for item in document.get("paths", {}).values() for op in item.values() if isinstance(op, dict)
+    ]
+    return bool(document.get("security")) or any(op.get("security") for op in operations)
+
+
 def load_schema(
     dialect: str,
     url: str,
@@ -214,11 +275,12 @@ def load_schema(
     max_examples: int,
     extra_fields: str = "strip",
     seed: int | None = None,
+    document: dict[str, Any] | None = None,
 ) -> Any:
     import schemathesis
     from schemathesis.config import SchemathesisConfig
 
-    document = for_schemathesis(load_document(SPEC_FILES[dialect]), "")
+    document = for_schemathesis(document or load_document(SPEC_FILES[dialect]), "")
     vendor = VENDOR_DOCUMENTS.get(dialect)
     document[RUN_EXTENSION] = {
         "dialect": dialect,
@@ -279,6 +341,10 @@ def run(
     request_headers = dict(headers or {})
     if key:
         request_headers["Authorization"] = f"Bearer {key}"
+    document = load_document(SPEC_FILES[dialect])
+    served = served_document(url, document)
+    if served is not None:
+        document = with_served_security(document, served)
     schema = load_schema(
         dialect,
         url,
@@ -287,6 +353,7 @@ def run(
         max_examples,
         extra_fields,
         seed,
+        document,
     )
     report = Report(
         dialect=dialect,
@@ -294,12 +361,18 @@ def run(
         spec_file=f"openapi/{SPEC_FILES[dialect]}",
         vendor_file=VENDOR_DOCUMENTS[dialect].file if vendors else None,
         max_examples=max_examples,
+        auth=auth_line(served, document, key_sent=bool(key)),
+        key_sent=bool(key),
     )
     for event in from_schema(schema).execute():
         if isinstance(event, events.ScenarioFinished):
             recorder = event.recorder
             result = report.operation(recorder.label)
             result.cases += len(recorder.cases)
+            for interaction in recorder.interactions.values():
+                if interaction.response is not None:
+                    result.answers += 1
+                    result.unauthorized += interaction.response.status_code == 401
             for checks in recorder.checks.values():
                 for check in checks:
                     if check.status == Status.FAILURE and check.failure_info is not None:
@@ -319,6 +392,14 @@ def run(
         elif isinstance(event, events.FatalError):
             report.errors.append(f"{type(event.exception).__name__}: {event.exception}")
     return report
+
+
+def auth_line(served: dict[str, Any] | None, document: dict[str, Any], key_sent: bool) -> str:
+    if served is not None and not declares_security(document):
+        return "none declared by the endpoint's own document (keys are not enforced there): not checked"
+    sent = "a key is sent (--key)" if key_sent else "no key is sent (give one with --key)"
+    where = "the endpoint's own document" if served is not None else "the document"
+    return f"{where} declares keys; {sent}"
 
 
 def reachable(url: str) -> None:
@@ -344,6 +425,7 @@ def render(report: Report) -> str:
         f"chatgate conformance: {report.dialect} dialect at {report.url}",
         f"  document: {report.spec_file}   vendor document: {vendor}",
         f"  checks: every schemathesis check + {VENDOR_CHECK}   max examples: {report.max_examples}",
+        *([f"  auth: {report.auth}"] if report.auth else []),
         "",
     ]
     width = max((len(label) for label in report.operations), default=10)
@@ -363,7 +445,13 @@ def render(report: Report) -> str:
     for error in report.errors:
         lines.append(f"  ERROR {textwrap.shorten(error, 300)}")
     lines.append("")
-    if report.clean:
+    if report.locked_out:
+        why = "the key was refused" if report.key_sent else "the endpoint needs a key: pass --key KEY"
+        lines.append(
+            f"result: NOT conformant — not tested: {report.unauthorized} of {report.answers} answers "
+            f"were 401 Unauthorized ({why}); the document's checks ran on almost nothing but the key check"
+        )
+    elif report.clean:
         lines.append("result: conformant — no failures")
     else:
         named = sorted({f"{f.check} on {label}" for label, f in report.findings})
