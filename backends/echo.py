@@ -1,7 +1,8 @@
 """The embedded echo backend: deterministic, needs nothing, and says plainly it is not a model.
 
-It honours the request's shape (max_tokens, stop, n, seed, logprobs, response_format,
-forced tool_choice, streaming, usage) so every dialect can be exercised end to end.
+It honours the request's shape (max_tokens, stop and include_stop_str_in_output, n, seed,
+logprobs, response_format, forced tool_choice, streaming, usage, a fingerprint) so every dialect
+can be exercised end to end.
 """
 
 from __future__ import annotations
@@ -20,9 +21,12 @@ from pydantic import BaseModel, ConfigDict
 from backends.base import Capabilities, Param, taken
 from gateway.core.canonical import (
     ChatRequest,
+    CompletionTokensDetails,
     Event,
     Finish,
     FinishReason,
+    PromptTokensDetails,
+    ServedBy,
     TextDelta,
     TokenLogprob,
     ToolCallDelta,
@@ -33,7 +37,18 @@ from gateway.core.parameters import CATALOGUE
 
 # The parameters that shape the echo; every other one a request can set is accepted and ignored.
 SHAPING = frozenset(
-    {"max_tokens", "stop", "n", "seed", "logprobs", "top_logprobs", "response_format", "tools", "tool_choice"}
+    {
+        "max_tokens",
+        "stop",
+        "include_stop_str_in_output",
+        "n",
+        "seed",
+        "logprobs",
+        "top_logprobs",
+        "response_format",
+        "tools",
+        "tool_choice",
+    }
 )
 # Every parameter of the catalogue that the gateway does not handle itself, none sent anywhere.
 PARAMETERS: dict[str, Param] = {
@@ -42,6 +57,11 @@ PARAMETERS: dict[str, Param] = {
     if not p.handled
 }
 PREFIX = "[chatgate echo backend, not a language model] You said:"
+# What echo says of every answer: one configuration, one tier, no reasoning and no cache (its
+# zeros are true), so every dialect's fields for these are exercised end to end.
+SERVED = ServedBy(system_fingerprint="fp_chatgate_echo", service_tier="default")
+COMPLETION_DETAILS = CompletionTokensDetails(reasoning_tokens=0, audio_tokens=0)
+PROMPT_DETAILS = PromptTokensDetails(cached_tokens=0, audio_tokens=0)
 TOKEN = re.compile(r"\s*\S+|\s+")
 MESSAGE_OVERHEAD_TOKENS = 3  # role and separators, as chat templates add them
 SLICE_TOKENS = 256  # tokens per event of an answer that is not streamed
@@ -234,6 +254,7 @@ class EchoBackend:
         # tokens (one for a usual answer); a stream gets one event per token. Either way the
         # loop gets a turn every slice, so a long answer never holds it.
         step, turn_every = (1, SLICE_TOKENS) if request.stream else (SLICE_TOKENS, 1)
+        yield SERVED
         for index in range(request.n):
             if tool_call is not None:
                 yield replace(tool_call, index=index)
@@ -241,20 +262,23 @@ class EchoBackend:
                 yield Finish(index, "tool_calls")
                 continue
             start = 0
-            while piece := words.between(start, start + step):
+            piece = words.between(start, start + step)
+            while piece:
                 logprobs = None
                 if request.logprobs:
                     logprobs = [
                         token_logprob(token, start + offset, seed, request.top_logprobs)
                         for offset, token in enumerate(piece)
                     ]
-                yield TextDelta(index, "".join(piece), logprobs)
+                following = words.between(start + len(piece), start + len(piece) + step)
+                yield TextDelta(index, "".join(piece), logprobs, last=not following)
                 start += len(piece)
+                piece = following
                 if (start // step) % turn_every == 0:
                     await asyncio.sleep(0)
             completion_tokens += start
             yield Finish(index, words.reason)
-        yield Usage(prompt_tokens, completion_tokens)
+        yield Usage(prompt_tokens, completion_tokens, COMPLETION_DETAILS, PROMPT_DETAILS)
 
 
 class Words:
@@ -264,9 +288,11 @@ class Words:
 
     def __init__(self, text: str, request: ChatRequest) -> None:
         self.reason: FinishReason = "stop"
-        cut_at = min((p for s in request.stop if s and (p := text.find(s)) >= 0), default=-1)
-        if cut_at >= 0:
-            text, self.reason = text[:cut_at], "stop_sequence"
+        found = [(at, stop) for stop in request.stop if stop and (at := text.find(stop)) >= 0]
+        if found:
+            at, stop = min(found, key=lambda match: (match[0], -len(match[1])))
+            keep = bool(request.options.get("include_stop_str_in_output"))  # OVMS's, for one
+            text, self.reason = text[: at + len(stop) if keep else at], "stop_sequence"
         self.rest: Iterator[re.Match[str]] | None = TOKEN.finditer(text)
         self.limit = request.max_tokens
         self.split: list[str] = []

@@ -439,7 +439,7 @@ class LocalBackend:
         choice.tokens += 1
         if token in self.eos_ids and not sampling.ignore_eos:
             choice.finished = True
-            self.send_text(index, choice, choice.assembler.flush(), send, force=True)
+            self.send_text(index, choice, choice.assembler.flush(), send, force=True, last=True)
             send(Finish(index, "stop"))
             return
         if entry is not None:
@@ -447,24 +447,30 @@ class LocalBackend:
         text, stopped = choice.assembler.push(token)
         if stopped:
             choice.finished = True
-            self.send_text(index, choice, text, send, force=True)
+            self.send_text(index, choice, text, send, force=True, last=True)
             send(Finish(index, "stop_sequence"))
             return
         if last_step:
             choice.finished = True
-            self.send_text(index, choice, text + choice.assembler.flush(), send, force=True)
+            self.send_text(index, choice, text + choice.assembler.flush(), send, force=True, last=True)
             send(Finish(index, "length"))
             return
         self.send_text(index, choice, text, send)
 
     @staticmethod
     def send_text(
-        index: int, choice: ChoiceState, text: str, send: Callable[[Event], None], force: bool = False
+        index: int,
+        choice: ChoiceState,
+        text: str,
+        send: Callable[[Event], None],
+        force: bool = False,
+        last: bool = False,
     ) -> None:
-        """Send text with the logprobs of the tokens it came from (`force`: even with no text)."""
+        """Send text with the logprobs of the tokens it came from (`force`: even with no text;
+        `last`: the choice's Finish is sent next)."""
         if not text and not (force and choice.logprobs):
             return
-        send(TextDelta(index, text, choice.logprobs or None))
+        send(TextDelta(index, text, choice.logprobs or None, last=last))
         choice.logprobs = []
 
 

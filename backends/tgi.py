@@ -57,7 +57,7 @@ from backends.tgi_events import ChoiceEvents, ChoiceUsage, finish_reason
 from backends.tgi_options import TGIOptions
 from backends.tgi_request import Plan, plan_request
 from backends.tgi_tables import RouteTables
-from gateway.core.canonical import ChatRequest, Event, Usage
+from gateway.core.canonical import ChatRequest, Event, Usage, mark_last_text
 from gateway.core.errors import BadGateway, UnprocessableContent
 from gateway.core.options import ConfigError, describe
 
@@ -216,7 +216,7 @@ class TGIBackend:
         out = events.text(delta.get("content") or "", logprobs)
         if choice.get("finish_reason"):
             out += events.finish(finish_reason(choice["finish_reason"]))
-        return out
+        return mark_last_text(out)
 
     async def generate_api_choice(
         self, index: int, request: ChatRequest, prompt: str, arguments: dict[str, Any], usage: ChoiceUsage
@@ -237,17 +237,18 @@ class TGIBackend:
                 async for item in stream:
                     usage.tokens_seen += 1
                     token = item["token"]
+                    out: list[Event] = []
                     if not token.get("special"):
                         top = [(t["text"], t["logprob"]) for t in item.get("top_tokens") or []]
                         logprobs = [events.logprob(token["text"], token.get("logprob"), top)]
-                        for event in events.text(token["text"], logprobs):
-                            yield event
+                        out += events.text(token["text"], logprobs)
                     details = item.get("details")
                     if details:
                         usage.prompt_tokens = details["input_length"]
                         usage.completion_tokens = details["generated_tokens"]
-                        for event in events.finish(finish_reason(details["finish_reason"])):
-                            yield event
+                        out += events.finish(finish_reason(details["finish_reason"]))
+                    for event in mark_last_text(out):
+                        yield event
                 if not events.finished:
                     raise BadGateway("TGI ended the stream before the generation finished.")
 

@@ -35,14 +35,22 @@ Piece = tuple[str, list[TokenLogprob] | None]
 
 
 class StopTrimmer:
-    """Holds back only text that could begin a stop string, and cuts the matched one at the end."""
+    """Holds back only text that could begin a stop string, and cuts the matched one at the end;
+    or, when the matched one is kept (`cut` False), passes text on at once and only remembers
+    enough of its end to tell a stop string from the end of sequence."""
 
-    def __init__(self, stops: list[str]) -> None:
+    def __init__(self, stops: list[str], cut: bool = True) -> None:
         self.stops = [s for s in stops if s]
+        self.cut = cut
         self.held: list[Piece] = []
+        self.tail = ""  # the end of the text passed on, when kept
 
     def push(self, piece: Piece) -> list[Piece]:
         if not self.stops:
+            return [piece]
+        if not self.cut:
+            longest = max(map(len, self.stops))
+            self.tail = (self.tail + piece[0])[-longest:]
             return [piece]
         self.held.append(piece)
         text = "".join(t for t, _ in self.held)
@@ -54,7 +62,7 @@ class StopTrimmer:
         return released
 
     def ends_with_stop(self) -> bool:
-        text = "".join(t for t, _ in self.held)
+        text = "".join(t for t, _ in self.held) if self.cut else self.tail
         return any(text.endswith(s) for s in self.stops)
 
     def finish(self, cut_stop: bool) -> list[Piece]:
@@ -105,7 +113,7 @@ class ChoiceEvents:
         self.want_logprobs = request.logprobs
         self.top = request.top_logprobs
         include_stop = bool(request.options.get("include_stop_str_in_output"))
-        self.trimmer = StopTrimmer([] if include_stop else request.stop)
+        self.trimmer = StopTrimmer(request.stop, cut=not include_stop)
         self.call_id = ""
         self.call_name: str | None = None
         self.call_arguments = ""

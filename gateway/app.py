@@ -215,4 +215,4 @@ def front_door_of(app: ConnexionMiddleware) -> FrontDoor:
 
 def facts_of(document: dict[str, Any], chat_operations: tuple[str, ...]) -> DocumentFacts:
     spec = DialectSpec(document, frozenset(chat_operations))
-    return DocumentFacts(spec.chat_fields, spec.unsupported)
+    return DocumentFacts(spec.chat_fields, spec.unsupported, spec.rules)

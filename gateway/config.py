@@ -52,11 +52,23 @@ class Limits(Strict):
     tokens_per_minute: int | None = Field(default=None, ge=1)
 
 
+class ParameterRange(Strict):
+    """The values the deployment's model takes for one parameter (either bound may be left out)."""
+
+    minimum: float | None = None
+    maximum: float | None = None
+
+
 class DeploymentCapabilities(Strict):
     """Narrows what the backend declares, for the model this deployment serves."""
 
     modalities: list[Literal["text", "image", "audio"]] | None = None
     unsupported_parameters: list[str] = Field(default_factory=list)
+    parameter_ranges: dict[str, ParameterRange] = Field(
+        default_factory=dict,
+        description="the values the model takes, by parameter (e.g. temperature: {maximum: 1}); "
+        "a request outside them is refused with 422 (Azure's 'value not supported by the model')",
+    )
     context_length: int | None = Field(default=None, ge=1)
     max_n: int | None = Field(default=None, ge=1)
     max_output_tokens: int | None = Field(
@@ -65,6 +77,16 @@ class DeploymentCapabilities(Strict):
     default_max_tokens: int | None = Field(
         default=None, ge=1, description="the limit a request that sets none gets"
     )
+
+    @field_validator("parameter_ranges")
+    @classmethod
+    def known_parameters(cls, ranges: dict[str, ParameterRange]) -> dict[str, ParameterRange]:
+        from gateway.core.parameters import BY_NAME
+
+        unknown = sorted(set(ranges) - set(BY_NAME))
+        if unknown:
+            raise ValueError(f"unknown parameters {unknown}; parameters are named as in the catalogue")
+        return ranges
 
 
 class Replica(Strict):
@@ -300,6 +322,31 @@ class ClientLimits(Strict):
     max_connections: int = Field(default=1000, ge=1, description="connections per worker; more are closed")
 
 
+class Media(Strict):
+    """Images an OVMS request names by path or URL (gateway/policy/media.py)."""
+
+    allowed_local_media_path: Path | None = Field(
+        default=None,
+        description="a directory whose files an OVMS request may name as images, by absolute path "
+        "(OVMS's --allowed_local_media_path): read by the gateway, symlinks resolved and kept "
+        "inside it; none: local paths are refused with 400",
+    )
+    max_local_media_bytes: int = Field(
+        default=20 * 1024 * 1024, ge=1, description="the largest local image read; larger: 400"
+    )
+
+    @field_validator("allowed_local_media_path")
+    @classmethod
+    def existing_directory(cls, path: Path | None) -> Path | None:
+        if path is None:
+            return None
+        if not path.is_absolute():
+            raise ValueError(f"{path} is not an absolute path")
+        if not path.is_dir():
+            raise ValueError(f"{path} is not a directory")
+        return path.resolve()
+
+
 class Server(Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
@@ -340,6 +387,7 @@ class Settings(Strict):
     rate_limits: RateLimiting = RateLimiting()
     content_filter: ContentFilter = ContentFilter()
     tracing: TracingSettings = TracingSettings()
+    media: Media = Media()
     deployments: list[Deployment] = Field(
         default_factory=lambda: [Deployment(name="echo", backend="echo", models=["*"])],
         min_length=1,

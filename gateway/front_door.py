@@ -6,7 +6,8 @@ compiled at start: method and path → operation, with its parameters' validator
 validator and the key schemes its document names. For each request it routes (404, 405),
 authenticates (401), checks parameters and body (400, 413, 415), hands a `Call` to the
 operation's handler and renders any error in the dialect's shape, all in one layer and one pass.
-It also serves each dialect's committed document, and passes the Swagger UI's paths on to
+It also serves each dialect's committed document (as this gateway runs it: its mount, and no
+`security` when it has no keys), and passes the Swagger UI's paths on to
 Connexion's own Swagger UI middleware behind it.
 
 Each dialect request also gets a request id (the client's, if it sent a safe one) and a
@@ -184,7 +185,7 @@ class FrontDoor(SpecMiddleware):
                 )
         self.mounts.append(Mount(mount, translator))
         self.mounts.sort(key=lambda m: len(m.prefix), reverse=True)
-        self.documents.update(served_bodies(document, mount))
+        self.documents.update(served_bodies(document, mount, keys_enforced=self.key_store.enabled))
         self.ui_prefixes = (*self.ui_prefixes, mount + UI_PATH)
 
     def add_route(self, method: str, path: str, handler: Handler) -> None:

@@ -1,6 +1,7 @@
 """The chat request's one flow, the same for every dialect:
 
-    translator.read → runtime.admit (policy) → runtime.generate (router, dispatch, backend)
+    translator.read → runtime.admit (policy) → images screened (dialects that say so)
+    → runtime.generate (router, dispatch, backend)
     → translator.completion, or translator.chunks framed as SSE / JSON lines
 
 The translator only translates and the runtime only decides; this module is the only one that
@@ -40,6 +41,7 @@ class ChatPipeline:
         self.runtime = runtime
         self.translator = translator
         self.routing_header = dialect.routing_header
+        self.media = runtime.media if dialect.screens_media else None
         self.max_response_bytes = runtime.settings.server.max_response_bytes
 
     async def __call__(self, call: Call) -> Response:
@@ -51,6 +53,8 @@ class ChatPipeline:
         admission = await runtime.admit(request, call.headers, call.caller, call.record, deployment_name)
         call.record.model = request.model or admission.deployment.model
         call.record.backend = admission.deployment.config.backend
+        if self.media is not None:
+            await self.media.screen(request)
         events = runtime.generate(admission, request, call.record)
         answer = Answer(
             id=translator.id_prefix + os.urandom(16).hex(),

@@ -28,6 +28,7 @@ from gateway.policy.limits import (
     rate_headers,
     refused,
 )
+from gateway.policy.media import MediaPolicy
 from gateway.policy.token_count import PromptCounter
 from gateway.record import RequestRecord
 from gateway.router import LiveDeployment, Router
@@ -68,6 +69,7 @@ class Runtime:
         )
         self.dispatcher = Dispatcher(self.metrics, self.router.rng, self.tracing)
         self.counters = {d.name: PromptCounter(d.tokenizer) for d in settings.deployments}
+        self.media = MediaPolicy(settings.media)
         self.key_limits = {k.name: buckets_for(f"key:{k.name}", k.limits) for k in settings.keys}
 
     async def admit(

@@ -9,6 +9,8 @@ from typing import Any
 
 import yaml
 
+from gateway.dialects.rules import Rule, read_rules
+
 
 def documents_dir() -> Path:
     """The dialects' documents: inside the package when installed from a wheel (it ships them as
@@ -88,3 +90,17 @@ class DialectSpec:
             for name, schema in self.chat_properties.items()
             if "x-chatgate-unsupported" in self.resolve(schema)
         }
+
+    @cached_property
+    def rules(self) -> tuple[Rule, ...]:
+        """The cross-field rules the chat request schemas state in `x-chatgate-rules`."""
+        defaults = {
+            name: self.resolve(schema)["default"]
+            for name, schema in self.chat_properties.items()
+            if "default" in self.resolve(schema)
+        }
+        found: dict[str, Rule] = {}
+        for operation_id in sorted(self.chat_operation_ids):
+            for rule in read_rules(self.request_schema(operation_id), defaults):
+                found.setdefault(rule.name, rule)
+        return tuple(found.values())

@@ -97,6 +97,7 @@ class ChatRequest(TypedDict):
     logprobs: NotRequired[bool]
     top_logprobs: NotRequired[int]
     max_tokens: NotRequired[int]
+    maximum_tokens: NotRequired[int]
     n: NotRequired[int]
     presence_penalty: NotRequired[float]
     response_format: NotRequired[None]

@@ -8,25 +8,6 @@ from typing import Any, Literal, NotRequired, TypeAlias, TypedDict
 ChatRole: TypeAlias = Literal["system", "user", "assistant", "tool"]
 
 
-class ChatRequestSystemMessage(TypedDict):
-    """
-    Instructions that steer the assistant's behaviour.
-    """
-
-    role: Literal["system"]
-    content: str
-
-
-class ChatRequestToolMessage(TypedDict):
-    """
-    The result of a tool call, sent back to the model.
-    """
-
-    role: Literal["tool"]
-    content: NotRequired[str]
-    tool_call_id: str
-
-
 class ChatMessageTextContentItem(TypedDict):
     """
     A text part.
@@ -209,6 +190,16 @@ class StreamingChatCompletionsUpdateEvent(TypedDict):
     data: Literal["[DONE]"] | str
 
 
+class ChatCompletionMessageContentPart(TypedDict):
+    """
+    A content part as the seed writes it.
+    """
+
+    type: Literal["text", "image", "image_url"]
+    content: str
+    detail: NotRequired[ChatMessageImageDetailLevel]
+
+
 class ChatMessageImageUrl(TypedDict):
     """
     Where the image is.
@@ -289,7 +280,7 @@ class ModelInfo(TypedDict):
 class UnprocessableContentError(TypedDict):
     """
     The body is valid for this document but the model cannot honour part of it
-    (422); `detail` says which parameters.
+    (422); `detail` says which parameter.
 
     """
 
@@ -297,17 +288,13 @@ class UnprocessableContentError(TypedDict):
     error: str
     message: str
     status: Literal[422]
-    detail: list[Detail]
+    detail: Detail
 
 
-class ChatRequestAssistantMessage(TypedDict):
-    """
-    An earlier answer of the assistant, possibly with the tool calls it made.
-    """
-
-    role: Literal["assistant"]
-    content: NotRequired[str | None]
-    tool_calls: NotRequired[list[ChatCompletionsToolCall]]
+ChatMessageToolCalls: TypeAlias = list[ChatCompletionsToolCall]
+"""
+Tool calls the assistant made in that turn.
+"""
 
 
 class ChatMessageImageContentItem(TypedDict):
@@ -352,7 +339,9 @@ class StreamingChatResponseMessageUpdate(TypedDict):
 
 
 ChatMessageContentItem: TypeAlias = (
-    ChatMessageTextContentItem | ChatMessageImageContentItem
+    ChatMessageTextContentItem
+    | ChatMessageImageContentItem
+    | ChatCompletionMessageContentPart
 )
 
 
@@ -380,13 +369,10 @@ class StreamingChatChoiceUpdate(TypedDict):
     delta: StreamingChatResponseMessageUpdate
 
 
-class ChatRequestUserMessage(TypedDict):
-    """
-    Input from the user; text, or a list of text and image parts.
-    """
-
-    role: Literal["user"]
-    content: str | list[ChatMessageContentItem]
+ChatMessageContentParts: TypeAlias = list[ChatMessageContentItem]
+"""
+Content parts, in order.
+"""
 
 
 class StreamingChatCompletionsUpdate(TypedDict):
@@ -403,6 +389,50 @@ class StreamingChatCompletionsUpdate(TypedDict):
     system_fingerprint: NotRequired[str | None]
     choices: list[StreamingChatChoiceUpdate]
     usage: NotRequired[CompletionsUsage | NullValue]
+
+
+class ChatRequestAssistantMessage(TypedDict):
+    """
+    An earlier answer of the assistant, possibly with the tool calls it made.
+    """
+
+    role: Literal["assistant"]
+    content: NotRequired[str | ChatMessageContentParts | None]
+    tool_calls: NotRequired[ChatMessageToolCalls]
+
+
+ChatMessageContent: TypeAlias = str | ChatMessageContentParts
+
+
+class ChatRequestSystemMessage(TypedDict):
+    """
+    Instructions that steer the assistant's behaviour.
+    """
+
+    role: Literal["system"]
+    content: ChatMessageContent
+    tool_calls: NotRequired[ChatMessageToolCalls]
+
+
+class ChatRequestUserMessage(TypedDict):
+    """
+    Input from the user; text, or a list of text and image parts.
+    """
+
+    role: Literal["user"]
+    content: ChatMessageContent
+    tool_calls: NotRequired[ChatMessageToolCalls]
+
+
+class ChatRequestToolMessage(TypedDict):
+    """
+    The result of a tool call, sent back to the model.
+    """
+
+    role: Literal["tool"]
+    content: NotRequired[ChatMessageContent]
+    tool_call_id: NotRequired[str]
+    tool_calls: NotRequired[ChatMessageToolCalls]
 
 
 ChatRequestMessage: TypeAlias = (

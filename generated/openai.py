@@ -125,7 +125,7 @@ class ChatCompletionAudioParam(TypedDict):
 
 class ChatCompletionStreamOptions(TypedDict):
     """
-    Streaming options; only with `stream` true.
+    Streaming options; only with `stream` true (400 otherwise).
     """
 
     include_usage: NotRequired[bool]

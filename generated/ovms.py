@@ -10,7 +10,7 @@ from typing_extensions import TypedDict
 
 class ChatCompletionStreamOptions(TypedDict, closed=True):
     """
-    Streaming options; only valid with `stream: true` (OVMS answers 400 otherwise). OVMS rejects any property other than `include_usage`.
+    Streaming options; only valid with `stream: true` (400 otherwise, rule `stream_options-needs-stream`). OVMS rejects any property other than `include_usage`.
     """
 
     include_usage: NotRequired[bool]

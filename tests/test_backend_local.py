@@ -332,3 +332,16 @@ def test_without_torch_the_module_imports_and_the_backend_says_what_to_install()
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == INSTALL_HINT
+
+
+def test_an_ovms_stream_keeps_the_stop_string_by_default():
+    """OVMS's seed keeps a matched stop string in a stream: the dialect says so with the option,
+    which the local backend's table takes."""
+    from backends.local_sampling import parameter_table, sampling_for
+    from tests.dialects.cases import translator
+
+    ovms = translator("ovms")
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "stop": ["x"]}
+    table = parameter_table(context_length=64, vocab_size=32)
+    assert sampling_for(ovms.read({**body, "stream": True}), table, None).include_stop
+    assert not sampling_for(ovms.read(body), table, None).include_stop

@@ -512,6 +512,19 @@ def test_ovms_top_k_and_repetition_penalty_use_the_generate_api(tgi, ovms_client
     assert "typical_p" not in sent(tgi, "/")[-1]["parameters"]  # 1.0 means off
 
 
+@pytest.mark.parametrize("deployment", ["tiny", "tiny-generate"], ids=["messages-api", "generate-api"])
+def test_ovms_keeps_a_streamed_stop_string_and_cuts_an_unstreamed_one(tgi, ovms_client, deployment):
+    """The seed: a matched stop string is left out of a whole answer and kept in a stream."""
+    whole = ovms_client.chat.completions.create(model=deployment, messages=HELLO, stop=["there"])
+    assert whole.choices[0].message.content == "You said: hello "
+    chunks = list(
+        ovms_client.chat.completions.create(model=deployment, messages=HELLO, stop=["there"], stream=True)
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "You said: hello there"
+    reasons = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert reasons == ["stop"]
+
+
 def test_ovms_logprobs(tgi, ovms_client):
     completion = ovms_client.chat.completions.create(
         model="tiny", messages=HELLO, logprobs=True, max_tokens=2
@@ -553,7 +566,7 @@ def test_tgi_errors_reach_each_dialect_in_its_shape(tgi, gateway, dialect, tgi_s
     if status == 422 and dialect == "openai":
         assert response.json()["error"]["param"] == "temperature"  # named by TGI's message
     if status == 422 and dialect == "azure":
-        assert response.json()["detail"][0]["loc"] == ["body", "temperature"]
+        assert response.json()["detail"]["loc"] == ["body", "temperature"]
 
 
 @pytest.mark.parametrize("deployment", ["tiny", "tiny-generate"])
@@ -689,6 +702,17 @@ def test_a_stop_string_reported_as_stop_is_still_cut():
     out += events.finish("stop")  # what TGI 2.x's Messages API said for any stop
     assert [e.text for e in out if isinstance(e, TextDelta)] == ["Hi", " you"]
     assert out[-1] == Finish(0, "stop_sequence")
+
+
+def test_a_kept_stop_string_is_passed_on_at_once_and_still_named():
+    from gateway.core.canonical import ChatRequest, Finish, TextDelta
+
+    kept = {"include_stop_str_in_output": True}
+    request = ChatRequest(model="m", messages=HELLO, stop=["END"], options=kept)
+    events = ChoiceEvents(0, request)
+    out = [e for token in ("Hi", " E", "N", "D") for e in events.text(token, None)]
+    assert [e.text for e in out if isinstance(e, TextDelta)] == ["Hi", " E", "N", "D"]  # nothing held
+    assert events.finish("stop")[-1] == Finish(0, "stop_sequence")
 
 
 def test_stop_trimmer_releases_text_that_cannot_start_a_stop_at_once():

@@ -142,3 +142,42 @@ def test_undefined_fields_mode_finds_no_server_error(chatgate: str, dialect: str
     again = conformance(chatgate + mount, *args, "--seed", "4242")
     cases = [line for line in first.stdout.splitlines() if " cases " in line]
     assert cases and cases == [line for line in again.stdout.splitlines() if " cases " in line]
+
+
+@pytest.mark.parametrize("dialect, mount", [("openai", "/v1"), ("azure", "/azure"), ("ovms", "/v3")])
+def test_the_readme_command_against_the_default_open_gateway_is_conformant(
+    gateway_url: str, refspecs_dir: Path | None, dialect: str, mount: str
+):
+    """No keys configured: the served document declares no security, so ignored_auth has nothing
+    to hold the gateway to, and no key is needed."""
+    result = conformance(
+        gateway_url + mount, "--dialect", dialect, "--max-examples", "5", *with_refspecs(refspecs_dir)
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "result: conformant" in result.stdout
+    assert "auth: none declared by the endpoint's own document" in result.stdout
+
+
+def test_a_gateway_with_keys_but_no_key_given_is_not_read_as_conformant(
+    chatgate: str, refspecs_dir: Path | None
+):
+    """Nearly every answer is a 401, on which no schema check has anything to say: the run tested
+    the key check only, and says so."""
+    args = ("--dialect", "aleph_alpha", "--max-examples", "5", *with_refspecs(refspecs_dir))
+    result = conformance(chatgate + "/aleph-alpha", *args)
+    assert result.returncode == 1, result.stdout + result.stderr
+    verdict = result.stdout.splitlines()[-1]
+    assert verdict.startswith("result: NOT conformant — not tested:")
+    assert "401 Unauthorized (the endpoint needs a key: pass --key KEY)" in verdict
+    refused = conformance(chatgate + "/aleph-alpha", *args, "--key", "cg-not-a-key")
+    assert refused.returncode == 1
+    assert "(the key was refused)" in refused.stdout.splitlines()[-1]
+
+
+def test_a_locked_out_run_is_not_clean():
+    report = Report("openai", "http://x/v1", "openapi/openai.yaml", vendor_file=None, max_examples=1)
+    result = report.operation("POST /chat/completions")
+    result.answers, result.unauthorized = 10, 6
+    assert not report.clean and report.locked_out
+    result.unauthorized = 2  # the probes of the key check, among real answers
+    assert report.clean

@@ -29,6 +29,15 @@ def test_chat(host: str):
     assert response.finish_reason == FinishReason.Stop
 
 
+def test_chat_with_maximum_tokens(host: str):
+    """The client sends its token limit as `maximum_tokens` (aleph_alpha.yaml reads it as max_tokens)."""
+    client = Client(token="unused", host=host, total_retries=0)
+    request = ChatRequest(model="echo", messages=MESSAGES, maximum_tokens=3)
+    response = client.chat(request, model="echo")
+    assert response.message.content == "[chatgate echo backend,"
+    assert response.finish_reason == FinishReason.Length
+
+
 def test_chat_streaming_with_usage(host: str):
     async def stream() -> list:
         async with AsyncClient(token="unused", host=host, total_retries=0) as client:

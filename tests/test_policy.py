@@ -32,7 +32,7 @@ class Dialect:
     spec_file: str
     doc_path: str
     url_path: str
-    unsupported: dict[str, Any]  # a parameter the text-only deployment does not take
+    unsupported: dict[str, Any]  # a parameter the text-only deployment does not take, first
     filtered_finish: str  # what content_filter reads as in this dialect
     image_part: dict[str, Any] = field(
         default_factory=lambda: {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
@@ -42,11 +42,13 @@ class Dialect:
         return {"model": model, "messages": [{"role": "user", "content": content}], **extra}
 
 
-# what the text-only deployment refuses; each dialect is tried with the first it defines
+# what the text-only deployment refuses; each dialect is tried with the first it defines (and
+# what that parameter needs beside it to mean something: LMI returns logprobs only with a
+# positive top_logprobs)
 TEXT_ONLY_REFUSES = {
-    "tools": [{"type": "function", "function": {"name": "f"}}],
-    "logprobs": True,
-    "top_k": 5,
+    "tools": {"tools": [{"type": "function", "function": {"name": "f"}}]},
+    "logprobs": {"logprobs": True, "top_logprobs": 1},
+    "top_k": {"top_k": 5},
 }
 
 
@@ -61,7 +63,7 @@ def dialect_under_test(route: ChatRoute) -> Dialect:
         route.document,
         route.doc_path,
         route.url,
-        {refused: TEXT_ONLY_REFUSES[refused]},
+        TEXT_ONLY_REFUSES[refused],
         registered.translator.finish_reasons["content_filter"],
     )
 
@@ -86,6 +88,7 @@ CONFIG = {
             "capabilities": {
                 "modalities": ["text"],
                 "unsupported_parameters": ["tools", "logprobs", "top_k"],
+                "parameter_ranges": {"temperature": {"maximum": 1}},
             },
         },
         {"name": "one-per-minute", "backend": "echo", "limits": {"requests_per_minute": 1}},
@@ -197,11 +200,22 @@ def test_unsupported_modality_is_404(url, dialect):
 
 
 def test_unsupported_parameter_is_422(url, dialect):
-    ((name, _),) = dialect.unsupported.items()
+    name = next(iter(dialect.unsupported))
     body = assert_error(post(url, dialect, dialect.body("text-only", **dialect.unsupported)), dialect, 422)
     assert name in str(body)
     if dialect.name == "azure":
-        assert body["detail"][0]["loc"] == ["body", name]
+        assert body["detail"]["loc"] == ["body", name]
+
+
+def test_a_value_outside_the_models_range_is_422(url, dialect):
+    """Within the document's range (Azure's has no maximum: the seed says the model answers 422)
+    but above what the deployment's model takes."""
+    body = assert_error(post(url, dialect, dialect.body("text-only", temperature=1.5)), dialect, 422)
+    assert "temperature" in str(body)
+    if dialect.name == "azure":
+        assert body["detail"] == {"loc": ["body", "temperature"], "value": "1.5"}
+    within = post(url, dialect, dialect.body("text-only", temperature=0.5))
+    assert within.status_code == 200, within.text
 
 
 def test_requests_per_minute_is_429(url, dialect):

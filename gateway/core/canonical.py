@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
+from enum import Enum
+from itertools import pairwise
 from typing import Any, Literal
 
 from gateway.core.errors import BadGateway
@@ -46,12 +48,29 @@ class ChatRequest:
     extra: dict[str, Any] = field(default_factory=dict)
     deployment: str | None = None
     trace: Trace = field(default_factory=Trace)  # ids sent upstream, and the upstream's
+    # The client asked in OpenAI's deprecated `functions` / `function_call` (and sent no
+    # `tools`): a call is answered as `function_call`, as that client reads it.
+    legacy_functions: bool = False
+
+
+class FromToken(Enum):
+    """A logprob entry's `bytes` the backend did not give: each dialect derives them from the
+    token text, its own way (UTF-8, code points)."""
+
+    FROM_TOKEN = "from token"
+
+
+FROM_TOKEN = FromToken.FROM_TOKEN
+# A token's bytes as the backend gave them: a list, None (it said null: the token has no byte
+# form, such as a special token), or FROM_TOKEN.
+TokenBytes = list[int] | None | FromToken
 
 
 @dataclass(slots=True)
 class TopLogprob:
     token: str
     logprob: float
+    bytes: TokenBytes = FROM_TOKEN
 
 
 @dataclass(slots=True)
@@ -59,11 +78,25 @@ class TokenLogprob:
     token: str
     logprob: float | None  # None when the backend could not say
     top: list[TopLogprob] = field(default_factory=list)
+    bytes: TokenBytes = FROM_TOKEN
 
 
 @dataclass(slots=True)
 class TextDelta:
-    """A piece of generated text for choice `index` (one or more tokens)."""
+    """A piece of generated text for choice `index` (one or more tokens). `last`: the choice's
+    last text, its Finish the very next event (a backend that knows says so, and a dialect
+    that puts the finish reason on the last token's chunk, LMI, does so without waiting)."""
+
+    index: int
+    text: str
+    logprobs: list[TokenLogprob] | None = None
+    last: bool = False
+
+
+@dataclass(slots=True)
+class RefusalDelta:
+    """A piece of the refusal the model gave instead of an answer, for choice `index` (OpenAI's
+    `refusal`, whole or streamed), with the logprobs of its tokens when asked for."""
 
     index: int
     text: str
@@ -87,17 +120,47 @@ class Finish:
     reason: FinishReason
 
 
+@dataclass(frozen=True, slots=True)
+class CompletionTokensDetails:
+    """What the completion tokens were spent on, as far as the backend said (None: not said)."""
+
+    accepted_prediction_tokens: int | None = None
+    audio_tokens: int | None = None
+    reasoning_tokens: int | None = None
+    rejected_prediction_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PromptTokensDetails:
+    """What the prompt tokens were made of, as far as the backend said (None: not said)."""
+
+    audio_tokens: int | None = None
+    cached_tokens: int | None = None
+
+
 @dataclass(slots=True)
 class Usage:
     prompt_tokens: int
     completion_tokens: int
+    completion_tokens_details: CompletionTokensDetails | None = None
+    prompt_tokens_details: PromptTokensDetails | None = None
 
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
 
 
-Event = TextDelta | ToolCallDelta | Finish | Usage
+@dataclass(slots=True)
+class ServedBy:
+    """What the backend said about the answer as a whole: the configuration that produced it
+    (`system_fingerprint`) and the tier that served it (`service_tier`). Sent before the first
+    text when the backend knows it then (an upstream says it in every chunk)."""
+
+    system_fingerprint: str | None = None
+    service_tier: str | None = None
+
+
+Event = TextDelta | RefusalDelta | ToolCallDelta | Finish | Usage | ServedBy
 # What a backend's `generate` returns: an async generator, so whoever stops early can close it
 # (and the backend hangs up on its upstream).
 EventStream = AsyncGenerator[Event, None]
@@ -112,12 +175,15 @@ class Choice:
     logprobs: list[TokenLogprob] | None = None
     tool_calls: list[ToolCallDelta] = field(default_factory=list)
     finish_reason: FinishReason | None = None
+    refusal: str | None = None  # None: the model did not refuse
+    refusal_logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass(slots=True)
 class Completion:
     choices: list[Choice]
     usage: Usage
+    served: ServedBy = field(default_factory=ServedBy)
 
 
 # Bytes a logprob entry takes in a rendered answer besides its token (JSON keys, the number,
@@ -127,7 +193,7 @@ LOGPROB_ENTRY_BYTES = 64
 
 def rendered_size(event: Event) -> int:
     """About how many bytes an event adds to a rendered answer."""
-    if isinstance(event, TextDelta):
+    if isinstance(event, TextDelta | RefusalDelta):
         size = len(event.text)
         if event.logprobs:
             for entry in event.logprobs:
@@ -140,12 +206,22 @@ def rendered_size(event: Event) -> int:
     return 0
 
 
+def mark_last_text(events: list[Event]) -> list[Event]:
+    """The events, each TextDelta directly followed by its choice's Finish marked `last`."""
+    for event, following in pairwise(events):
+        if isinstance(event, TextDelta) and isinstance(following, Finish) and following.index == event.index:
+            event.last = True
+    return events
+
+
 async def gather(events: AsyncIterator[Event], n: int, max_bytes: int | None = None) -> Completion:
     """Fold a backend's event stream into a whole completion, refusing to hold more than
     about `max_bytes` of it."""
     choices = [Choice(index=i) for i in range(n)]
     texts: list[list[str]] = [[] for _ in range(n)]
+    refusals: list[list[str] | None] = [None] * n
     usage = Usage(0, 0)
+    served = ServedBy()
     size = 0
     async for event in events:
         if max_bytes is not None:
@@ -160,15 +236,25 @@ async def gather(events: AsyncIterator[Event], n: int, max_bytes: int | None = N
                     if choice.logprobs is None:
                         choice.logprobs = []
                     choice.logprobs.extend(logprobs)
+            case RefusalDelta(index=i, text=text, logprobs=logprobs):
+                refusals[i] = [*(refusals[i] or ()), text]
+                if logprobs is not None:
+                    choices[i].refusal_logprobs = [*(choices[i].refusal_logprobs or ()), *logprobs]
             case ToolCallDelta(index=i):
                 choices[i].tool_calls.append(event)
             case Finish(index=i, reason=reason):
                 choices[i].finish_reason = reason
             case Usage():
                 usage = event
-    for choice, parts in zip(choices, texts, strict=True):
+            case ServedBy():
+                served = ServedBy(
+                    event.system_fingerprint or served.system_fingerprint,
+                    event.service_tier or served.service_tier,
+                )
+    for choice, parts, refused in zip(choices, texts, refusals, strict=True):
         choice.text = "".join(parts)
-    return Completion(choices=choices, usage=usage)
+        choice.refusal = None if refused is None else "".join(refused)
+    return Completion(choices=choices, usage=usage, served=served)
 
 
 def answer_too_large(limit: int) -> BadGateway:

@@ -40,7 +40,7 @@ CATALOGUE: tuple[Parameter, ...] = (
     field("stream", handled="the gateway streams or gathers the backend's events"),
     field("stream_options", handled="include_usage: the gateway adds the usage chunk"),
     # generation, held in the canonical request
-    field("max_tokens", "max_completion_tokens"),
+    field("max_tokens", "max_completion_tokens", "maximum_tokens"),
     field("n"),
     field("stop"),
     field("seed"),

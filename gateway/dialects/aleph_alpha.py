@@ -1,5 +1,6 @@
 """Aleph Alpha: POST /chat/completions. Strict message order; "ignored" and "rejected" parameters;
-errors as `{"error": message, "code": UPPER_SNAKE}`; missing logprobs reported as -9999.0."""
+errors as `{"error": message, "code": UPPER_SNAKE}`; missing logprobs reported as -9999.0; in
+streams `usage` null but in the usage chunk, `system_fingerprint` only in a choice's last chunk."""
 
 from __future__ import annotations
 
@@ -45,7 +46,11 @@ def check_message_order(messages: list[dict[str, Any]]) -> None:
 
 class AlephAlphaTranslator(OpenAIShaped):
     finish_delta = {"content": ""}
-    missing_logprob = -9999.0
+    missing_logprob = -9999.0  # the seed's fallback
+    null_bytes = False  # the seed: the token's UTF-8 bytes, always a list
+    usage_in_chunks = "null"  # the seed: null in stream chunks unless the usage chunk
+    served_fields = ("system_fingerprint",)
+    fingerprint_in_last_chunk = True  # the seed: set in a completion's last chunk, null otherwise
 
     def check(self, request: ChatRequest) -> None:
         check_message_order(request.messages)

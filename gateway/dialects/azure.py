@@ -1,8 +1,9 @@
 """Azure AI Model Inference: POST /chat/completions and GET /info (both need `api-version`).
 
-Errors are the seed's flat bodies (`error`, `message`, `status`, and per status `code`,
-`param`, `detail`) with the machine-readable code in the `x-ms-error-code` header. The
-`azureml-model-deployment` header names the deployment.
+Messages are read in the seed's shapes (content parts {type, content, detail} on any role) as
+well as the refspec's. Errors are the seed's flat bodies (`error`, `message`, `status`, and per
+status `code`, `param`, `detail`) with the machine-readable code in the `x-ms-error-code` header.
+The `azureml-model-deployment` header names the deployment.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from starlette.responses import Response
 
+from gateway.core.canonical import ChatRequest, Event, Finish, Usage
 from gateway.core.errors import DeploymentForbidden, DeploymentNotFound, GatewayError
 from gateway.dialects.dialect import Dialect, Handler
-from gateway.dialects.shape import JSON, OpenAIShaped, RenderedError
+from gateway.dialects.shape import JSON, Answer, OpenAIShaped, RenderedError, StreamState
 
 if TYPE_CHECKING:
     from typing import TypeAlias
@@ -56,7 +58,57 @@ def detail_value(value: Any) -> str:
     return value if isinstance(value, str) else orjson.dumps(value).decode()
 
 
+def part_read(part: Any) -> Any:
+    """A content part as the seed writes it ({type, content, detail}) in the refspec's (and
+    OpenAI's) shape, which every backend reads; a part already in that shape as it is."""
+    if not isinstance(part, dict) or "content" not in part:
+        return part
+    kind = part.get("type")
+    if kind == "text":
+        return {"type": "text", "text": part["content"]}
+    if kind in ("image", "image_url"):
+        image = {"url": part["content"]}
+        if part.get("detail") is not None:
+            image["detail"] = part["detail"]
+        return {"type": "image_url", "image_url": image}
+    return part
+
+
+def message_read(message: Any) -> Any:
+    content = message.get("content") if isinstance(message, dict) else None
+    if not isinstance(content, list) or not any(isinstance(p, dict) and "content" in p for p in content):
+        return message
+    return {**message, "content": [part_read(part) for part in content]}
+
+
 class AzureTranslator(OpenAIShaped):
+    logprobs_in_choices = False  # neither the seed nor azure.yaml has a choice's `logprobs`
+    usage_chunk = "never"  # the usage goes on the last finish chunk instead (chunks below)
+    served_fields = ("system_fingerprint",)
+
+    def read(self, body: dict[str, Any]) -> ChatRequest:
+        messages = body.get("messages")
+        if isinstance(messages, list):
+            body = {**body, "messages": [message_read(m) for m in messages]}
+        return super().read(body)
+
+    def chunks(self, answer: Answer, event: Event, state: StreamState) -> list[dict[str, Any]]:
+        """azure.yaml: `usage` in the last chunk (an Azure request has no stream_options to ask
+        for it), which keeps a choice, as the refspec's chunk needs one: a finish chunk waits
+        for the usage that follows it."""
+        match event:
+            case Finish():
+                sent = [state.held.pop(i) for i in sorted(state.held)]
+                state.held[event.index] = super().chunks(answer, event, state)[-1]
+                return sent
+            case Usage():
+                sent = [state.held.pop(i) for i in sorted(state.held)]
+                if not sent:
+                    sent = [self.chunk_body(answer, state, [])]
+                sent[-1]["usage"] = self.usage_body(event)
+                return sent
+        return super().chunks(answer, event, state)
+
     def error_body(self, error: GatewayError, request_id: str) -> AzureError:
         """The seed's error body for the status: some have `code`, 400 names the `param`, 422
         says where in `detail`."""
@@ -85,7 +137,7 @@ class AzureTranslator(OpenAIShaped):
                     "message": error.message,
                     "status": 422,
                     "code": error.code,
-                    "detail": [{"loc": location, "value": detail_value(error.value)}],
+                    "detail": {"loc": location, "value": detail_value(error.value)},
                 }
         return {"error": short, "message": error.message, "status": error.status, "code": error.code}
 

@@ -32,3 +32,6 @@ class Dialect:
     # the handlers of its other operations, by operationId
     operations: Callable[[Runtime, OpenAIShaped], dict[str, Handler]] = no_operations
     routing_header: str | None = None  # a header that names the deployment (Azure's)
+    # images named by URL or path are screened by the gateway's media policy before any backend
+    # (OVMS's three forms: gateway/policy/media.py); else they are passed on as sent
+    screens_media: bool = False

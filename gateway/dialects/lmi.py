@@ -1,17 +1,21 @@
 """DJL LMI / SageMaker: POST /v1/chat/completions and /invocations (chat when the body has
-`messages`), GET /ping. Streams are JSON lines; finish reasons `length`, `eos_token`,
-`stop_sequence`; `usage` always in the completion; errors as DJL Serving's `{code, type, message}`."""
+`messages`), GET /ping. Streams are JSON lines, the finish reason on the last token's line (when
+the backend marks it);
+finish reasons `length`, `eos_token`, `stop_sequence`; `usage` always in the completion, never in
+a stream; logprobs only with a positive `top_logprobs`; errors as DJL Serving's
+`{code, type, message}`."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from starlette.responses import Response
 
+from gateway.core.canonical import ChatRequest, Event, Finish, TextDelta, TokenBytes
 from gateway.core.errors import GatewayError
 from gateway.dialects.dialect import Dialect, Handler
-from gateway.dialects.shape import JSON, OpenAIShaped
+from gateway.dialects.shape import JSON, Answer, OpenAIShaped, StreamState
 from gateway.framing import JSONLines
 
 if TYPE_CHECKING:
@@ -43,8 +47,8 @@ class LMITranslator(OpenAIShaped):
     finish_delta = {"content": ""}
     separate_role_chunk = False  # LMI's first chunk carries the role and the first token
     model_in_bodies = False
-    refusal_in_logprobs = False
     logprobs_listed_in_chunks = True  # see lmi.yaml
+    usage_chunk = "never"  # LMI's stream has no usage
     finish_reasons = {
         "stop": "eos_token",
         "stop_sequence": "stop_sequence",
@@ -53,10 +57,37 @@ class LMITranslator(OpenAIShaped):
         "content_filter": "stop_sequence",
     }
 
+    def read(self, body: dict[str, Any]) -> ChatRequest:
+        request = super().read(body)
+        # LMI returns logprobs only "when logprobs=true and top_logprobs is a positive integer"
+        if request.logprobs and not request.top_logprobs:
+            request.logprobs = False
+        return request
+
     @staticmethod
     def token_bytes(token: str) -> list[int] | None:
         # LMI builds `bytes` as Unicode code points, and null for an empty token.
         return [ord(c) for c in token] or None
+
+    def entry_bytes(self, token: str, given: TokenBytes) -> list[int] | None:
+        return None if given is None else self.token_bytes(token)  # code points, whatever was given
+
+    def chunks(self, answer: Answer, event: Event, state: StreamState) -> list[dict[str, Any]]:
+        """The seed's stream: the last token's line carries the finish reason. The line of a text
+        the backend marked `last` waits for the Finish that comes next and takes its reason; a
+        backend that cannot tell gets the finish on a line of its own."""
+        held = state.held
+        match event:
+            case Finish(index=i, reason=reason) if i in held:
+                line = held.pop(i)
+                line["choices"][0]["finish_reason"] = self.finish_word(reason, answer.request)
+                return [line]
+        sent = [held.pop(i) for i in sorted(held)]  # anything else: nothing waits any more
+        match event:
+            case TextDelta(index=i, last=True):
+                *ready, held[i] = super().chunks(answer, event, state)
+                return [*sent, *ready]
+        return [*sent, *super().chunks(answer, event, state)]
 
     def error_body(self, error: GatewayError, request_id: str) -> lmi_doc.ErrorResponse:
         return {

@@ -28,7 +28,11 @@ def model_not_found(model: str) -> NotFound:
 
 
 class OpenAITranslator(OpenAIShaped):
-    refusal_in_message = True  # OpenAI always sends `refusal`, null when the model did not refuse
+    refusal_field = True  # OpenAI always sends `refusal`, null when the model did not refuse
+    logprobs_refusal = True
+    usage_details = True
+    usage_in_chunks = "null_when_asked"
+    served_fields = ("service_tier", "system_fingerprint")
 
     def error(self, error: GatewayError, request_id: str) -> RenderedError:
         # a model hidden from the key reads exactly as one that does not exist

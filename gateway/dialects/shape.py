@@ -7,8 +7,8 @@ differently. Everything here is pure: no I/O, no policy, no server.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import orjson
 
@@ -16,22 +16,38 @@ from gateway.core.canonical import (
     ChatRequest,
     Choice,
     Completion,
+    CompletionTokensDetails,
     Event,
     Finish,
     FinishReason,
+    FromToken,
+    PromptTokensDetails,
+    RefusalDelta,
+    ServedBy,
     TextDelta,
+    TokenBytes,
     TokenLogprob,
     ToolCallDelta,
+    TopLogprob,
     Usage,
 )
-from gateway.core.errors import GatewayError, UnprocessableContent
+from gateway.core.errors import BadRequest, GatewayError
 from gateway.core.parameters import BY_SPELLING
+from gateway.dialects.rules import Rule, first_breach
 from gateway.framing import SSE, Framing
 
 if TYPE_CHECKING:  # the documents' shapes, for the type checker only (generated/, no run-time cost)
     from generated import openai as openai_doc
 
 JSON = "application/json"
+# The names of the token limit, the first one given winning (OpenAI's newer name over its older
+# one; Aleph Alpha's client's name last).
+TOKEN_LIMITS = ("max_completion_tokens", "max_tokens", "maximum_tokens")
+
+
+def said(details: CompletionTokensDetails | PromptTokensDetails) -> dict[str, int]:
+    """The counts of a usage detail the backend gave (those it did not say are left out)."""
+    return {name: value for name, value in asdict(details).items() if value is not None}
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +56,7 @@ class DocumentFacts:
 
     fields: frozenset[str]  # the parameters a chat body may hold
     unsupported: Mapping[str, str] = field(default_factory=dict)  # name → "ignored" | "rejected"
+    rules: tuple[Rule, ...] = ()  # the document's `x-chatgate-rules` (gateway/dialects/rules.py)
 
 
 @dataclass(slots=True)
@@ -57,6 +74,8 @@ class StreamState:
     """What a stream's translation remembers between events."""
 
     started: set[int] = field(default_factory=set)  # choices whose first chunk went out
+    served: ServedBy = field(default_factory=ServedBy)  # what the backend said of the answer
+    held: dict[int, dict[str, Any]] = field(default_factory=dict)  # a choice's chunk not yet sent
 
 
 @dataclass(slots=True)
@@ -69,8 +88,16 @@ class RenderedError:
         return orjson.dumps(self.body)
 
 
+# Where `usage` stands in the chunks before the one that carries it: left out, null once
+# `include_usage` asked for a usage chunk (OpenAI, OVMS), or always null (Aleph Alpha).
+UsageInChunks = Literal["absent", "null_when_asked", "null"]
+# When a stream ends with a usage-only chunk: when `include_usage` asks, always, or never.
+UsageChunk = Literal["asked", "always", "never"]
+
+
 class OpenAIShaped:
-    """OpenAI's chat completion shapes, with the knobs the other dialects turn."""
+    """OpenAI's chat completion shapes, with the knobs the other dialects turn. A knob says what
+    the dialect's document has; a field the document lacks is never rendered."""
 
     framing: ClassVar[Framing] = SSE
     id_prefix: ClassVar[str] = "chatcmpl-"
@@ -82,16 +109,28 @@ class OpenAIShaped:
         "tool_calls": "tool_calls",
         "content_filter": "content_filter",
     }
-    # what a token's logprob reads when the backend gave none (Aleph Alpha documents -9999.0)
-    missing_logprob: ClassVar[float | None] = None
+    # what a token's logprob reads when the backend gave none: OpenAI's -9999.0 (its "outside
+    # the top 20"; Aleph Alpha documents it too), or None where the document admits null
+    missing_logprob: ClassVar[float | None] = -9999.0
+    # whether a token's `bytes` may be null (a token with no byte form), else derived
+    null_bytes: ClassVar[bool] = True
     # whether each choice's stream opens with a chunk that carries only the role (OpenAI does)
     separate_role_chunk: ClassVar[bool] = True
     # the delta of the chunk that carries a finish reason (some dialects require `content`)
     finish_delta: ClassVar[Mapping[str, Any]] = {}
+    id_in_bodies: ClassVar[bool] = True  # `id` in completions and chunks
     model_in_bodies: ClassVar[bool] = True  # `model` in completions and chunks
-    refusal_in_message: ClassVar[bool] = False  # `message.refusal: null`
-    refusal_in_logprobs: ClassVar[bool] = True  # `logprobs.refusal: null`
+    refusal_field: ClassVar[bool] = False  # `message.refusal` / `delta.refusal` (else: content)
+    logprobs_refusal: ClassVar[bool] = False  # `logprobs.refusal`
+    logprobs_in_choices: ClassVar[bool] = True  # a choice's `logprobs`
     logprobs_listed_in_chunks: ClassVar[bool] = False  # a chunk's logprobs as a one-element list
+    usage_details: ClassVar[bool] = False  # `usage.*_tokens_details`
+    usage_in_chunks: ClassVar[UsageInChunks] = "absent"
+    usage_chunk: ClassVar[UsageChunk] = "asked"
+    # the fields of ServedBy the document has in completions and chunks
+    served_fields: ClassVar[tuple[str, ...]] = ()
+    # `system_fingerprint` only in the last chunk of each choice, null in every other chunk
+    fingerprint_in_last_chunk: ClassVar[bool] = False
 
     def __init__(self, facts: DocumentFacts) -> None:
         self.facts = facts
@@ -102,6 +141,8 @@ class OpenAIShaped:
         """A validated chat body → the canonical request. Only the parameters the document
         defines are read; the others go to `extra`, untouched, for the extra-parameters policy."""
         body = self.screen_unsupported(body)
+        if (breach := first_breach(self.facts.rules, body)) is not None:
+            raise breach
         defined = self.facts.fields
         known: dict[str, Any] = {}
         options: dict[str, Any] = {}
@@ -124,6 +165,7 @@ class OpenAIShaped:
         stop = known.get("stop")
         tools = list(known.get("tools") or [])
         tool_choice = known.get("tool_choice")
+        legacy = bool(known.get("functions")) and not tools
         if known.get("functions"):  # legacy functions → tools
             tools += [{"type": "function", "function": f} for f in known["functions"]]
             legacy_choice = known.get("function_call")
@@ -131,9 +173,7 @@ class OpenAIShaped:
                 tool_choice = {"type": "function", "function": legacy_choice}
             elif legacy_choice is not None:
                 tool_choice = legacy_choice
-        max_tokens = known.get("max_completion_tokens")
-        if max_tokens is None:
-            max_tokens = known.get("max_tokens")
+        max_tokens = next((known[name] for name in TOKEN_LIMITS if known.get(name) is not None), None)
         return ChatRequest(
             model=known.get("model"),
             messages=known["messages"],
@@ -156,17 +196,19 @@ class OpenAIShaped:
             user=known.get("user"),
             options=options,
             extra=extra,
+            legacy_functions=legacy,
         )
 
     def screen_unsupported(self, body: dict[str, Any]) -> dict[str, Any]:
-        """Refuse parameters the document marks rejected; drop those it marks ignored."""
+        """Refuse parameters the document marks rejected (400, as the documents say: the dialect
+        itself refuses them, whatever the model); drop those it marks ignored."""
         unsupported = self.facts.unsupported
         if not unsupported:
             return body
         present = [name for name in body if name in unsupported and body[name] is not None]
         for name in present:
             if unsupported[name] == "rejected":
-                raise UnprocessableContent(
+                raise BadRequest(
                     f"The parameter '{name}' is not supported by this API.",
                     param=name,
                     loc=["body", name],
@@ -185,26 +227,38 @@ class OpenAIShaped:
     def token_bytes(token: str) -> list[int] | None:
         return list(token.encode())
 
-    def logprobs_body(self, logprobs: list[TokenLogprob] | None) -> dict[str, Any] | None:
-        if logprobs is None:
-            return None
-        body: dict[str, Any] = {
-            "content": [
-                {
-                    "token": lp.token,
-                    "logprob": self.missing_logprob if lp.logprob is None else lp.logprob,
-                    "bytes": self.token_bytes(lp.token),
-                    "top_logprobs": [self.top_logprob_body(t.token, t.logprob) for t in lp.top],
-                }
-                for lp in logprobs
-            ]
-        }
-        if self.refusal_in_logprobs:
-            body["refusal"] = None
-        return body
+    def entry_bytes(self, token: str, given: TokenBytes) -> list[int] | None:
+        """A logprob entry's `bytes`: as the backend gave them, else from the token's text."""
+        if isinstance(given, FromToken) or (given is None and not self.null_bytes):
+            return self.token_bytes(token)
+        return given
 
-    def top_logprob_body(self, token: str, logprob: float) -> openai_doc.ChatCompletionTopLogprob:
-        return {"token": token, "logprob": logprob, "bytes": self.token_bytes(token)}
+    def entries(self, logprobs: list[TokenLogprob]) -> list[dict[str, Any]]:
+        return [
+            {
+                "token": lp.token,
+                "logprob": self.missing_logprob if lp.logprob is None else lp.logprob,
+                "bytes": self.entry_bytes(lp.token, lp.bytes),
+                "top_logprobs": [self.top_logprob_body(t) for t in lp.top],
+            }
+            for lp in logprobs
+        ]
+
+    def logprobs_body(
+        self, logprobs: list[TokenLogprob] | None, refusal: list[TokenLogprob] | None = None
+    ) -> dict[str, Any] | None:
+        if not self.logprobs_refusal:
+            logprobs = logprobs if refusal is None else [*(logprobs or ()), *refusal]
+            return None if logprobs is None else {"content": self.entries(logprobs)}
+        if logprobs is None and refusal is None:
+            return None
+        return {
+            "content": None if logprobs is None else self.entries(logprobs),
+            "refusal": None if refusal is None else self.entries(refusal),
+        }
+
+    def top_logprob_body(self, top: TopLogprob) -> openai_doc.ChatCompletionTopLogprob:
+        return {"token": top.token, "logprob": top.logprob, "bytes": self.entry_bytes(top.token, top.bytes)}
 
     @staticmethod
     def tool_call_body(call: ToolCallDelta) -> openai_doc.ChatCompletionMessageToolCall:
@@ -223,103 +277,157 @@ class OpenAIShaped:
             "function": {"name": call.name, "arguments": call.arguments},
         }
 
-    @staticmethod
-    def usage_body(usage: Usage) -> openai_doc.CompletionUsage:
-        return {
+    def usage_body(self, usage: Usage) -> openai_doc.CompletionUsage:
+        body: openai_doc.CompletionUsage = {
             "prompt_tokens": usage.prompt_tokens,
             "completion_tokens": usage.completion_tokens,
             "total_tokens": usage.total_tokens,
         }
+        if self.usage_details:
+            if usage.completion_tokens_details is not None:
+                body["completion_tokens_details"] = said(usage.completion_tokens_details)  # type: ignore[typeddict-item]
+            if usage.prompt_tokens_details is not None:
+                body["prompt_tokens_details"] = said(usage.prompt_tokens_details)  # type: ignore[typeddict-item]
+        return body
 
-    def message_body(self, choice: Choice) -> dict[str, Any]:
-        message: dict[str, Any] = {"role": "assistant", "content": choice.text}
-        if choice.tool_calls:
-            message["content"] = choice.text or None
-            message["tool_calls"] = [self.tool_call_body(c) for c in choice.tool_calls]
-        if self.refusal_in_message:
-            message["refusal"] = None
+    def finish_word(self, reason: FinishReason | None, request: ChatRequest) -> str:
+        if reason == "tool_calls" and request.legacy_functions:
+            return "function_call"  # only a document with `functions` lets a request say so
+        return self.finish_reasons[reason or "stop"]
+
+    def message_body(self, choice: Choice, request: ChatRequest) -> dict[str, Any]:
+        content: str | None = choice.text
+        refusal = choice.refusal
+        if refusal is not None and not self.refusal_field:
+            content, refusal = content or refusal, None  # no field for it: the model's words
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        calls = choice.tool_calls
+        if calls or refusal is not None:
+            message["content"] = content or None
+        if calls and request.legacy_functions:
+            message["function_call"] = {"name": calls[0].name, "arguments": calls[0].arguments}
+        elif calls:
+            message["tool_calls"] = [self.tool_call_body(c) for c in calls]
+        if self.refusal_field:
+            message["refusal"] = refusal
         return message
 
-    def choice_body(self, choice: Choice) -> dict[str, Any]:
-        return {
-            "index": choice.index,
-            "message": self.message_body(choice),
-            "logprobs": self.logprobs_body(choice.logprobs),
-            "finish_reason": self.finish_reasons[choice.finish_reason or "stop"],
-        }
+    def choice_body(self, choice: Choice, request: ChatRequest) -> dict[str, Any]:
+        body: dict[str, Any] = {"index": choice.index, "message": self.message_body(choice, request)}
+        if self.logprobs_in_choices:
+            body["logprobs"] = self.logprobs_body(choice.logprobs, choice.refusal_logprobs)
+        body["finish_reason"] = self.finish_word(choice.finish_reason, request)
+        return body
 
     def body(self, answer: Answer, kind: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         """A completion's or a chunk's body, without usage (one dict: this runs per chunk)."""
+        body: dict[str, Any] = {"id": answer.id} if self.id_in_bodies else {}
+        body["object"] = kind
+        body["created"] = answer.created
         if self.model_in_bodies:
-            return {
-                "id": answer.id,
-                "object": kind,
-                "created": answer.created,
-                "model": answer.model,
-                "choices": choices,
-            }
-        return {"id": answer.id, "object": kind, "created": answer.created, "choices": choices}
+            body["model"] = answer.model
+        body["choices"] = choices
+        return body
 
     def completion(self, answer: Answer, completion: Completion) -> dict[str, Any]:
-        body = self.body(answer, "chat.completion", [self.choice_body(c) for c in completion.choices])
+        request = answer.request
+        body = self.body(
+            answer, "chat.completion", [self.choice_body(c, request) for c in completion.choices]
+        )
+        for name in self.served_fields:
+            if (value := getattr(completion.served, name)) is not None:
+                body[name] = value
         body["usage"] = self.usage_body(completion.usage)
         return body
 
     def chunk_body(
-        self, answer: Answer, choices: list[dict[str, Any]], usage: Usage | None = None
+        self,
+        answer: Answer,
+        state: StreamState,
+        choices: list[dict[str, Any]],
+        usage: Usage | None = None,
+        last_of_choice: bool = False,
     ) -> dict[str, Any]:
         chunk = self.body(answer, "chat.completion.chunk", choices)
+        for name in self.served_fields:
+            value = getattr(state.served, name)
+            if name == "system_fingerprint" and self.fingerprint_in_last_chunk:
+                chunk[name] = value if last_of_choice else None
+            elif value is not None:
+                chunk[name] = value
         if usage is not None:
             chunk["usage"] = self.usage_body(usage)
+        elif self.usage_in_chunks == "null" or (
+            self.usage_in_chunks == "null_when_asked" and answer.request.include_usage
+        ):
+            chunk["usage"] = None
         return chunk
 
     def chunk_choice(
         self,
         index: int,
         delta: dict[str, Any],
-        logprobs: list[TokenLogprob] | None = None,
+        logprobs: dict[str, Any] | None = None,
         finish_reason: str | None = None,
     ) -> dict[str, Any]:
-        rendered = self.logprobs_body(logprobs)
-        return {
-            "index": index,
-            "delta": delta,
-            "logprobs": [rendered] if rendered is not None and self.logprobs_listed_in_chunks else rendered,
-            "finish_reason": finish_reason,
-        }
+        choice: dict[str, Any] = {"index": index, "delta": delta}
+        if self.logprobs_in_choices:
+            listed = logprobs is not None and self.logprobs_listed_in_chunks
+            choice["logprobs"] = [logprobs] if listed else logprobs
+        choice["finish_reason"] = finish_reason
+        return choice
+
+    def opened(self, answer: Answer, state: StreamState, index: int, delta: dict[str, Any]) -> list:
+        """The chunks a choice's first piece takes: a role chunk first where the dialect has one,
+        else the role in the piece's own delta (returned for the caller to add its chunk)."""
+        if index in state.started:
+            return []
+        state.started.add(index)
+        if not self.separate_role_chunk:
+            delta["role"] = "assistant"
+            return []
+        opening = {"role": "assistant", "content": ""}
+        return [self.chunk_body(answer, state, [self.chunk_choice(index, opening)])]
 
     def chunks(self, answer: Answer, event: Event, state: StreamState) -> list[dict[str, Any]]:
         """The stream chunks one canonical event becomes (often one, sometimes none)."""
-        started = state.started
+        request = answer.request
         match event:
-            case TextDelta(index=i, text=text, logprobs=logprobs):
-                delta: dict[str, Any] = {"content": text}
-                if i in started:
-                    return [self.chunk_body(answer, [self.chunk_choice(i, delta, logprobs)])]
-                started.add(i)
-                if not self.separate_role_chunk:
-                    delta = {"role": "assistant", **delta}
-                    return [self.chunk_body(answer, [self.chunk_choice(i, delta, logprobs)])]
-                return [
-                    self.chunk_body(answer, [self.chunk_choice(i, {"role": "assistant", "content": ""})]),
-                    self.chunk_body(answer, [self.chunk_choice(i, delta, logprobs)]),
-                ]
+            case (
+                TextDelta(index=i, text=text, logprobs=logprobs)
+                | RefusalDelta(index=i, text=text, logprobs=logprobs)
+            ):
+                refusal = isinstance(event, RefusalDelta) and self.refusal_field
+                delta: dict[str, Any] = {"refusal" if refusal else "content": text}
+                out = self.opened(answer, state, i, delta)
+                rendered = self.logprobs_body(None, logprobs) if refusal else self.logprobs_body(logprobs)
+                out.append(self.chunk_body(answer, state, [self.chunk_choice(i, delta, rendered)]))
+                return out
             case ToolCallDelta(index=i):
-                delta = {"tool_calls": [self.tool_call_chunk_body(event)]}
-                if i not in started:
-                    started.add(i)
+                if request.legacy_functions:
+                    delta = {"function_call": {"name": event.name, "arguments": event.arguments}}
+                else:
+                    delta = {"tool_calls": [self.tool_call_chunk_body(event)]}
+                if i not in state.started:
+                    state.started.add(i)
                     delta = {"role": "assistant", "content": None, **delta}
-                return [self.chunk_body(answer, [self.chunk_choice(i, delta)])]
+                return [self.chunk_body(answer, state, [self.chunk_choice(i, delta)])]
             case Finish(index=i, reason=reason):
                 delta = dict(self.finish_delta)
-                if i not in started:
+                if i not in state.started:
                     delta = {"role": "assistant", "content": "", **delta}
-                started.add(i)
-                choice = self.chunk_choice(i, delta, finish_reason=self.finish_reasons[reason])
-                return [self.chunk_body(answer, [choice])]
+                state.started.add(i)
+                choice = self.chunk_choice(i, delta, finish_reason=self.finish_word(reason, request))
+                return [self.chunk_body(answer, state, [choice], last_of_choice=True)]
             case Usage():
-                if answer.request.include_usage:
-                    return [self.chunk_body(answer, [], usage=event)]
+                asked = self.usage_chunk == "asked" and request.include_usage
+                if asked or self.usage_chunk == "always":
+                    return [self.chunk_body(answer, state, [], usage=event)]
+            case ServedBy():
+                state.served = ServedBy(
+                    event.system_fingerprint or state.served.system_fingerprint,
+                    event.service_tier or state.served.service_tier,
+                )
         return []
 
     # ----- errors ----------------------------------------------------------------------------

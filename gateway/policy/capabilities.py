@@ -6,6 +6,7 @@ narrow it. The checks read that one table, nothing else.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -29,9 +30,21 @@ def narrower(declared: int | None, configured: int | None) -> int | None:
     return min(declared, configured)
 
 
+def tighter(declared: float | None, configured: float | None, pick: Callable[..., float]) -> float | None:
+    """The tighter of two optional bounds (`pick`: max for lower bounds, min for upper ones)."""
+    if declared is None or configured is None:
+        return configured if declared is None else declared
+    return pick(declared, configured)
+
+
 def effective(backend: Capabilities, narrowed: DeploymentCapabilities) -> Capabilities:
     """The backend's capabilities as the deployment's config narrows them."""
     parameters = {k: v for k, v in backend.parameters.items() if k not in narrowed.unsupported_parameters}
+    for name, bounds in narrowed.parameter_ranges.items():
+        if (param := parameters.get(name)) is not None and param.supported:
+            minimum = tighter(param.minimum, bounds.minimum, max)
+            maximum = tighter(param.maximum, bounds.maximum, min)
+            parameters[name] = replace(param, minimum=minimum, maximum=maximum)
     modalities = backend.modalities
     max_output = narrower(backend.max_output_tokens, narrowed.max_output_tokens)
     if narrowed.modalities is not None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 from gateway.config import ContentFilter, FilterRules
-from gateway.core.canonical import EventStream, Finish, TextDelta, ToolCallDelta
+from gateway.core.canonical import EventStream, Finish, RefusalDelta, TextDelta, ToolCallDelta
 from gateway.core.errors import ContentFiltered
 
 
@@ -48,7 +48,10 @@ class Filter:
         seen: dict[int, str] = {}
         stopped: set[int] = set()
         async for event in events:
-            if isinstance(event, TextDelta | ToolCallDelta | Finish) and event.index in stopped:
+            if (
+                isinstance(event, TextDelta | RefusalDelta | ToolCallDelta | Finish)
+                and event.index in stopped
+            ):
                 continue
             if isinstance(event, TextDelta):
                 index = event.index

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.dialects import DIALECTS
+from gateway.dialects.rules import Rule, first_breach
 from gateway.spec import DialectSpec, load_document
 from gateway.tools.conformance_schema import for_schemathesis, register_json_lines
 from gateway.tools.vendor_specs import REFSPECS_HOW, VENDOR_DOCUMENTS, RefspecsError, VendorSpecs
@@ -50,6 +51,8 @@ class OperationResult:
     cases: int = 0
     findings: dict[tuple[str, str], Finding] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    answers: int = 0  # responses recorded
+    unauthorized: int = 0  # of them 401
 
 
 @dataclass
@@ -61,6 +64,8 @@ class Report:
     max_examples: int
     operations: dict[str, OperationResult] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    auth: str = ""  # how the run authenticated, as the report says it
+    key_sent: bool = False
 
     def operation(self, label: str) -> OperationResult:
         return self.operations.setdefault(label, OperationResult(label))
@@ -70,8 +75,23 @@ class Report:
         return [(op.label, f) for op in self.operations.values() for f in op.findings.values()]
 
     @property
+    def answers(self) -> int:
+        return sum(op.answers for op in self.operations.values())
+
+    @property
+    def unauthorized(self) -> int:
+        return sum(op.unauthorized for op in self.operations.values())
+
+    @property
+    def locked_out(self) -> bool:
+        """Most answers were 401: the run tested the endpoint's key check, not its document (a
+        schema check has nothing to say of a 401 body, so such a run would otherwise look clean)."""
+        return self.answers > 0 and self.unauthorized * 2 > self.answers
+
+    @property
     def clean(self) -> bool:
-        return not self.findings and not self.errors and not any(op.errors for op in self.operations.values())
+        problems = self.findings or self.errors or any(op.errors for op in self.operations.values())
+        return not problems and not self.locked_out
 
 
 # ----- the vendor check -----------------------------------------------------------------------
@@ -129,8 +149,8 @@ def defined_body_fields(document: dict[str, Any]) -> dict[tuple[str, str], froze
     return fields
 
 
-# Rules a dialect's document states in prose that no OpenAPI 3.0 schema can express. Positive
-# cases are shaped to follow them, so that positive_data_acceptance judges everything else.
+# A rule a dialect's document states in prose that no schema can say, and that generated
+# positive bodies are shaped to keep (it is about the conversation, not about a parameter).
 Body = dict[str, Any]
 
 
@@ -146,27 +166,28 @@ def aleph_alpha_message_order(body: Body) -> Body:
     return {**body, "messages": head + turns}
 
 
-def ovms_cross_field_rules(body: Body) -> Body:
-    """Streaming takes neither logprobs, best_of nor include_stop_str_in_output=false;
-    stream_options needs stream; best_of is at least n."""
-    body = dict(body)
-    if body.get("stream"):
-        for name in ("logprobs", "best_of"):
-            body.pop(name, None)
-        if body.get("include_stop_str_in_output") is False:
-            del body["include_stop_str_in_output"]
-    else:
-        body.pop("stream_options", None)
-    best_of, n = body.get("best_of"), body.get("n")
-    if isinstance(best_of, int) and isinstance(n, int) and best_of < n:
-        body["n"] = best_of
-    return body
-
-
 DOCUMENTED_RULES: dict[str, Callable[[Body], Body]] = {
     "aleph_alpha": aleph_alpha_message_order,
-    "ovms": ovms_cross_field_rules,
 }
+
+
+def breaks_a_rule(rules: tuple[Rule, ...], body: Body) -> bool:
+    return first_breach(rules, body) is not None
+
+
+def judged_by_the_rules(case: Any, rules: tuple[Rule, ...]) -> None:
+    """A generated body that breaks a rule of the document's `x-chatgate-rules` is invalid by
+    the document: the case becomes a negative one, which the endpoint must refuse
+    (negative_data_rejection), instead of being reshaped to avoid the rule."""
+    from schemathesis.core.parameters import ParameterLocation
+    from schemathesis.generation import GenerationMode
+
+    if case.meta is None or not isinstance(case.body, dict) or not breaks_a_rule(rules, case.body):
+        return
+    case.meta.generation.mode = GenerationMode.NEGATIVE
+    body = case.meta.components.get(ParameterLocation.BODY)
+    if body is not None:
+        body.mode = GenerationMode.NEGATIVE
 
 
 EXTRA_FIELDS = ("strip", "pass-through", "drop")
@@ -176,12 +197,15 @@ def shape_cases(
     dialect: str, document: dict[str, Any], extra_fields: str = "strip"
 ) -> Callable[[Any, Any], Any]:
     """A schemathesis `map_case` hook: bodies carry only the parameters the document defines (the
-    rest is the extra-parameters policy's business) unless `extra_fields` keeps them, and positive
-    bodies follow the rules the document states in prose."""
+    rest is the extra-parameters policy's business) unless `extra_fields` keeps them; positive
+    bodies follow the message order the document states in prose, and those that break one of
+    its `x-chatgate-rules` are judged as the negative cases they are."""
     from schemathesis.generation import GenerationMode
 
     fields = defined_body_fields(document)
-    rules = DOCUMENTED_RULES.get(dialect)
+    shaping = DOCUMENTED_RULES.get(dialect)
+    chat = frozenset(DIALECTS[dialect].chat_operations) if dialect in DIALECTS else frozenset()
+    rules = DialectSpec(document, chat).rules
 
     def map_case(context: Any, case: Any) -> Any:
         defined = fields.get((case.operation.method.upper(), case.operation.path))
@@ -192,11 +216,55 @@ def shape_cases(
         else:
             case.headers = {**(case.headers or {}), "extra-parameters": extra_fields}
         positive = case.meta is None or case.meta.generation.mode == GenerationMode.POSITIVE
-        if rules is not None and positive:
-            case.body = rules(case.body)
+        if shaping is not None and positive:
+            case.body = shaping(case.body)
+        if positive:
+            judged_by_the_rules(case, rules)
         return case
 
     return map_case
+
+
+def served_document(url: str, document: dict[str, Any]) -> dict[str, Any] | None:
+    """The dialect's document as the endpoint serves it (`<url>/openapi.json`, as chatgate does),
+    when it serves this one; None otherwise (a real upstream serves none)."""
+    import httpx
+
+    try:
+        response = httpx.get(url.rstrip("/") + "/openapi.json", timeout=10)
+        served = response.json() if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
+    same = isinstance(served, dict) and served.get("info", {}).get("title") == document["info"]["title"]
+    return served if same else None
+
+
+def with_served_security(document: dict[str, Any], served: dict[str, Any]) -> dict[str, Any]:
+    """The document with the security the endpoint declares for itself: a gateway with no keys
+    serves its document without `security`, and is tested as the open endpoint it is."""
+    document = dict(document)
+    document.pop("security", None)
+    if "security" in served:
+        document["security"] = served["security"]
+    paths = {}
+    for path, item in document.get("paths", {}).items():
+        paths[path] = dict(item)
+        for method, operation in item.items():
+            if isinstance(operation, dict) and "security" in operation:
+                served_operation = served.get("paths", {}).get(path, {}).get(method, {})
+                operation = {k: v for k, v in operation.items() if k != "security"}
+                if "security" in served_operation:
+                    operation["security"] = served_operation["security"]
+                paths[path][method] = operation
+    document["paths"] = paths
+    return document
+
+
+def declares_security(document: dict[str, Any]) -> bool:
+    operations = [
+        op for item in document.get("paths", {}).values() for op in item.values() if isinstance(op, dict)
+    ]
+    return bool(document.get("security")) or any(op.get("security") for op in operations)
 
 
 def load_schema(
@@ -207,11 +275,12 @@ def load_schema(
     max_examples: int,
     extra_fields: str = "strip",
     seed: int | None = None,
+    document: dict[str, Any] | None = None,
 ) -> Any:
     import schemathesis
     from schemathesis.config import SchemathesisConfig
 
-    document = for_schemathesis(load_document(SPEC_FILES[dialect]), "")
+    document = for_schemathesis(document or load_document(SPEC_FILES[dialect]), "")
     vendor = VENDOR_DOCUMENTS.get(dialect)
     document[RUN_EXTENSION] = {
         "dialect": dialect,
@@ -272,6 +341,10 @@ def run(
     request_headers = dict(headers or {})
     if key:
         request_headers["Authorization"] = f"Bearer {key}"
+    document = load_document(SPEC_FILES[dialect])
+    served = served_document(url, document)
+    if served is not None:
+        document = with_served_security(document, served)
     schema = load_schema(
         dialect,
         url,
@@ -280,6 +353,7 @@ def run(
         max_examples,
         extra_fields,
         seed,
+        document,
     )
     report = Report(
         dialect=dialect,
@@ -287,12 +361,18 @@ def run(
         spec_file=f"openapi/{SPEC_FILES[dialect]}",
         vendor_file=VENDOR_DOCUMENTS[dialect].file if vendors else None,
         max_examples=max_examples,
+        auth=auth_line(served, document, key_sent=bool(key)),
+        key_sent=bool(key),
     )
     for event in from_schema(schema).execute():
         if isinstance(event, events.ScenarioFinished):
             recorder = event.recorder
             result = report.operation(recorder.label)
             result.cases += len(recorder.cases)
+            for interaction in recorder.interactions.values():
+                if interaction.response is not None:
+                    result.answers += 1
+                    result.unauthorized += interaction.response.status_code == 401
             for checks in recorder.checks.values():
                 for check in checks:
                     if check.status == Status.FAILURE and check.failure_info is not None:
@@ -312,6 +392,14 @@ def run(
         elif isinstance(event, events.FatalError):
             report.errors.append(f"{type(event.exception).__name__}: {event.exception}")
     return report
+
+
+def auth_line(served: dict[str, Any] | None, document: dict[str, Any], key_sent: bool) -> str:
+    if served is not None and not declares_security(document):
+        return "none declared by the endpoint's own document (keys are not enforced there): not checked"
+    sent = "a key is sent (--key)" if key_sent else "no key is sent (give one with --key)"
+    where = "the endpoint's own document" if served is not None else "the document"
+    return f"{where} declares keys; {sent}"
 
 
 def reachable(url: str) -> None:
@@ -337,6 +425,7 @@ def render(report: Report) -> str:
         f"chatgate conformance: {report.dialect} dialect at {report.url}",
         f"  document: {report.spec_file}   vendor document: {vendor}",
         f"  checks: every schemathesis check + {VENDOR_CHECK}   max examples: {report.max_examples}",
+        *([f"  auth: {report.auth}"] if report.auth else []),
         "",
     ]
     width = max((len(label) for label in report.operations), default=10)
@@ -356,7 +445,13 @@ def render(report: Report) -> str:
     for error in report.errors:
         lines.append(f"  ERROR {textwrap.shorten(error, 300)}")
     lines.append("")
-    if report.clean:
+    if report.locked_out:
+        why = "the key was refused" if report.key_sent else "the endpoint needs a key: pass --key KEY"
+        lines.append(
+            f"result: NOT conformant — not tested: {report.unauthorized} of {report.answers} answers "
+            f"were 401 Unauthorized ({why}); the document's checks ran on almost nothing but the key check"
+        )
+    elif report.clean:
         lines.append("result: conformant — no failures")
     else:
         named = sorted({f"{f.check} on {label}" for label, f in report.findings})

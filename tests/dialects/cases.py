@@ -14,7 +14,10 @@ from gateway.app import facts_of
 from gateway.core.canonical import (
     ChatRequest,
     Choice,
+    CompletionTokensDetails,
     Event,
+    PromptTokensDetails,
+    ServedBy,
     TokenLogprob,
     ToolCallDelta,
     TopLogprob,
@@ -41,6 +44,7 @@ from gateway.dialects import DIALECTS
 from gateway.dialects.shape import Answer, OpenAIShaped, StreamState
 from gateway.spec import load_document
 from gateway.validation import to_json_schema
+from tests.documents import closed
 
 
 @cache
@@ -51,6 +55,15 @@ def translator(dialect_name: str) -> OpenAIShaped:
 
 
 # ----- requests -------------------------------------------------------------------------------
+
+# each dialect's chat path in its document
+CHAT_PATHS = {
+    "openai": "/chat/completions",
+    "azure": "/chat/completions",
+    "aleph_alpha": "/chat/completions",
+    "lmi": "/v1/chat/completions",
+    "ovms": "/chat/completions",
+}
 
 USER_MESSAGES = [{"role": "user", "content": "Hi"}]
 MINIMAL_BODY = {"messages": USER_MESSAGES}
@@ -99,14 +112,17 @@ USAGE = Usage(prompt_tokens=3, completion_tokens=2)
 USAGE_BODY = {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
 
 
-def answer(*, include_usage: bool = False) -> Answer:
-    """The answer every body of a test shares (its id, time and model)."""
-    return Answer(ANSWER_ID, CREATED, MODEL, request(stream=True, include_usage=include_usage))
+def answer(*, include_usage: bool = False, **fields: Any) -> Answer:
+    """The answer every body of a test shares (its id, time and model), to a request with
+    `fields` changed."""
+    return Answer(ANSWER_ID, CREATED, MODEL, request(stream=True, include_usage=include_usage, **fields))
 
 
-def stream(translator: OpenAIShaped, events: list[Event], *, include_usage: bool = False) -> list[dict]:
+def stream(
+    translator: OpenAIShaped, events: list[Event], *, include_usage: bool = False, **fields: Any
+) -> list[dict]:
     """The chunks a stream of events becomes, in order, through one stream state."""
-    state, shared = StreamState(), answer(include_usage=include_usage)
+    state, shared = StreamState(), answer(include_usage=include_usage, **fields)
     return [chunk for event in events for chunk in translator.chunks(shared, event, state)]
 
 
@@ -116,6 +132,17 @@ LOGPROBS = [
     TokenLogprob("!", -0.5),
 ]
 MISSING_LOGPROB = [TokenLogprob("?", None)]  # the backend could not say
+# an upstream said null: a special token with no byte form; and bytes it gave, kept as given
+NO_BYTES = [TokenLogprob("<|end|>", -0.1, [TopLogprob("<|end|>", -0.1, None)], bytes=None)]
+GIVEN_BYTES = [TokenLogprob("é", -0.2, bytes=[195, 169])]
+REFUSAL = "I can't help with that."
+SERVED = ServedBy(system_fingerprint="fp_44709d6fcb", service_tier="default")
+DETAILED_USAGE = Usage(
+    prompt_tokens=3,
+    completion_tokens=2,
+    completion_tokens_details=CompletionTokensDetails(reasoning_tokens=7, audio_tokens=0),
+    prompt_tokens_details=PromptTokensDetails(cached_tokens=4),
+)
 WEATHER_CALL = ToolCallDelta(
     index=0, call_index=0, id="call_1", name="get_weather", arguments='{"city":"Paris"}'
 )
@@ -135,6 +162,7 @@ class CompletionCase:
     expected: list[dict[str, Any]]
     # False where the translator knowingly answers what the document does not allow (see the row)
     checked_against_document: bool = True
+    request: dict[str, Any] = field(default_factory=dict)  # the request's fields that differ
 
 
 @dataclass(frozen=True)
@@ -145,6 +173,18 @@ class StreamCase:
     events: list[Event]
     expected: list[dict[str, Any]]
     include_usage: bool = False
+    request: dict[str, Any] = field(default_factory=dict)  # the request's fields that differ
+
+
+@dataclass(frozen=True)
+class AnswerCase:
+    """What a backend said of the whole answer (ServedBy, usage) and the completion's top-level
+    fields besides id, object, created, model and choices."""
+
+    id: str
+    served: ServedBy
+    usage: Usage
+    expected: dict[str, Any]
 
 
 # ----- gateway errors, each as the code that raises it does ----------------------------------
@@ -211,10 +251,6 @@ UPSTREAM_TIMEOUT = GatewayTimeout(
     "The model did not answer in time (first byte: 30s).", code="UpstreamTimeout"
 )  # gateway/dispatch.py
 
-# No document lists 405 (the front door answers it for a known path with another method): its
-# rendering is checked by the tables only.
-UNDOCUMENTED_STATUSES = frozenset({405})
-
 
 @dataclass(frozen=True)
 class ErrorCase:
@@ -247,11 +283,12 @@ def chunk_validator(spec_file: str, path: str) -> jsonschema_rs.Draft4Validator:
             if "x-contentSchema" in branch and "Error" not in branch["x-contentSchema"]["$ref"]
         )
     return jsonschema_rs.Draft4Validator(
-        {"$ref": reference, "components": to_json_schema(document["components"])}
+        {"$ref": reference, "components": closed(to_json_schema(document["components"]))}
     )
 
 
 def chunk_errors(spec_file: str, path: str, chunk: dict[str, Any]) -> list[str]:
-    """Messages for every way `chunk` breaks the document's stream chunk; [] when it conforms."""
+    """Messages for every way `chunk` breaks the document's stream chunk, fields it does not
+    define included; [] when it conforms."""
     validator = chunk_validator(spec_file, path)
     return [f"{list(e.instance_path)}: {e.message}" for e in validator.iter_errors(chunk)]

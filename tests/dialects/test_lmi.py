@@ -1,8 +1,9 @@
 """The DJL LMI / SageMaker translator (gateway/dialects/lmi.py), table by table: the parameters
 lmi.yaml defines (no tools, no stream_options), completions and chunks without `model` or
 `refusal`, LMI's finish reasons (`eos_token`, `stop_sequence`, `length`), a first chunk that
-carries the role and the first text together, chunk logprobs wrapped in a list, `bytes` as code
-points, and errors as DJL Serving's `{code, type, message}`."""
+carries the role and the first text together and a finish reason on the last token's line,
+logprobs only with a positive `top_logprobs`, chunk logprobs wrapped in a list, `bytes` as code
+points, no usage line, and errors as DJL Serving's `{code, type, message}`."""
 
 from __future__ import annotations
 
@@ -58,6 +59,12 @@ READS = [
         {"logprobs": True, "top_logprobs": 2},
         {"logprobs": True, "top_logprobs": 2},
     ),
+    ReadCase(
+        "logprobs without a positive top_logprobs are not returned (the seed)",
+        {"logprobs": True, "top_logprobs": 0},
+        {},
+    ),
+    ReadCase("logprobs alone are not returned (the seed)", {"logprobs": True}, {}),
     ReadCase("user", {"user": "u-1"}, {"user": "u-1"}),
     ReadCase("ignore_eos is an option", {"ignore_eos": True}, {"options": {"ignore_eos": True}}),
     # lmi.yaml does not define these: extra parameters, kept as sent whatever their type
@@ -156,18 +163,45 @@ COMPLETIONS = [
         ],
     ),
     CompletionCase(
-        "a logprob the backend could not give is null",
+        "a logprob the backend could not give is -9999.0 (lmi.yaml's logprob is a number)",
         [Choice(0, "?", logprobs=MISSING_LOGPROB, finish_reason="stop")],
         [
             {
                 "index": 0,
                 "message": message("?"),
-                "logprobs": {"content": [{"token": "?", "logprob": None, "bytes": [63], "top_logprobs": []}]},
+                "logprobs": {
+                    "content": [{"token": "?", "logprob": -9999.0, "bytes": [63], "top_logprobs": []}]
+                },
                 "finish_reason": "eos_token",
             }
         ],
-        # lmi.yaml types `logprob` as a number, never null
-        checked_against_document=False,
+    ),
+    CompletionCase(
+        "bytes are the token's code points whatever the backend gave, null where it said null",
+        [Choice(0, "é", logprobs=cases.NO_BYTES + cases.GIVEN_BYTES, finish_reason="stop")],
+        [
+            {
+                "index": 0,
+                "message": message("é"),
+                "logprobs": {
+                    "content": [
+                        {
+                            "token": "<|end|>",
+                            "logprob": -0.1,
+                            "bytes": None,
+                            "top_logprobs": [{"token": "<|end|>", "logprob": -0.1, "bytes": None}],
+                        },
+                        {"token": "é", "logprob": -0.2, "bytes": [233], "top_logprobs": []},
+                    ]
+                },
+                "finish_reason": "eos_token",
+            }
+        ],
+    ),
+    CompletionCase(
+        "the fingerprint, tier and refusal have no field: a refusal is content",
+        [Choice(0, "", refusal=cases.REFUSAL, finish_reason="stop")],
+        [{"index": 0, "message": message(cases.REFUSAL), "logprobs": None, "finish_reason": "eos_token"}],
     ),
     CompletionCase(
         "two choices",
@@ -221,7 +255,12 @@ def chunk(
 
 STREAMS = [
     StreamCase(
-        "the first chunk carries the role and the first text; the finish has empty content",
+        "the first line carries the role and the first text; the last token's line the finish",
+        [TextDelta(0, "Hel"), TextDelta(0, "lo", last=True), Finish(0, "stop")],
+        [chunk({"role": "assistant", "content": "Hel"}), chunk({"content": "lo"}, "eos_token")],
+    ),
+    StreamCase(
+        "a backend that cannot tell the last text: the finish on a line of its own",
         [TextDelta(0, "Hel"), TextDelta(0, "lo"), Finish(0, "stop")],
         [
             chunk({"role": "assistant", "content": "Hel"}),
@@ -230,27 +269,40 @@ STREAMS = [
         ],
     ),
     StreamCase(
-        "each choice's first chunk carries its role",
-        [TextDelta(0, "a"), TextDelta(1, "b"), TextDelta(0, "c")],
+        "each choice's first line carries its role",
+        [TextDelta(0, "a"), TextDelta(1, "b", last=True), Finish(1, "length"), TextDelta(0, "c")],
         [
             chunk({"role": "assistant", "content": "a"}),
-            chunk({"role": "assistant", "content": "b"}, index=1),
+            chunk({"role": "assistant", "content": "b"}, "length", index=1),
             chunk({"content": "c"}),
         ],
     ),
     StreamCase(
         "logprobs wrapped in a list, bytes as code points",
-        [TextDelta(0, "Hé!", LOGPROBS)],
-        [chunk({"role": "assistant", "content": "Hé!"}, logprobs=[HE_LOGPROBS])],
+        [TextDelta(0, "Hé!", LOGPROBS, last=True), Finish(0, "length")],
+        [chunk({"role": "assistant", "content": "Hé!"}, "length", logprobs=[HE_LOGPROBS])],
     ),
     StreamCase(
         "a finish before any text",
         [Finish(0, "length")],
         [chunk({"role": "assistant", "content": ""}, "length")],
     ),
-    # an LMI request cannot ask for usage (stream_options is extra): never a usage chunk
     StreamCase(
-        "usage: no chunk", [TextDelta(0, "Hi"), USAGE], [chunk({"role": "assistant", "content": "Hi"})]
+        "what the backend said of the answer has no field in LMI",
+        [cases.SERVED, TextDelta(0, "Hi", last=True), Finish(0, "stop")],
+        [chunk({"role": "assistant", "content": "Hi"}, "eos_token")],
+    ),
+    # an LMI request cannot ask for usage (stream_options is extra): never a usage line
+    StreamCase(
+        "usage: no line, even asked for",
+        [TextDelta(0, "Hi", last=True), Finish(0, "stop"), USAGE],
+        [chunk({"role": "assistant", "content": "Hi"}, "eos_token")],
+        include_usage=True,
+    ),
+    StreamCase(
+        "a line marked last that no finish follows is sent with the next event",
+        [TextDelta(0, "Hi", last=True), USAGE],
+        [chunk({"role": "assistant", "content": "Hi"})],
     ),
 ]
 
@@ -330,6 +382,5 @@ ERRORS = [
 def test_error(case: ErrorCase):
     rendered = TRANSLATOR.error(case.error, "request-1")
     assert (rendered.status, rendered.body, rendered.headers) == (case.status, case.body, case.headers)
-    if case.status not in cases.UNDOCUMENTED_STATUSES:
-        for path in PATHS:
-            assert response_errors(SPEC, path, "post", case.status, rendered.body) == []
+    for path in PATHS:
+        assert response_errors(SPEC, path, "post", case.status, rendered.body) == []

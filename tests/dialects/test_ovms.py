@@ -1,7 +1,9 @@
 """The OpenVINO Model Server translator (gateway/dialects/ovms.py), table by table: OpenAI's
 parameters plus OVMS's own sampling options, null read as "not set", the parameters ovms.yaml marks
-rejected (422), OVMS's two cross-field rules (400), only `stop` and `length` as finish reasons,
-and errors as `{"error": message}`."""
+rejected (400, as ovms.yaml says), the rules between fields of its `x-chatgate-rules` (400, one
+table for every dialect in test_rules.py), answers without `id` and logprobs without `refusal`
+(OVMS has neither), `usage: null` before the usage chunk, only `stop` and `length` as finish
+reasons, and errors as `{"error": message}`."""
 
 from __future__ import annotations
 
@@ -9,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from gateway.core.canonical import Choice, Completion, Finish, FinishReason, TextDelta
-from gateway.core.errors import BadRequest, UnprocessableContent
+from gateway.core.canonical import Choice, Completion, Finish, FinishReason, RefusalDelta, TextDelta
+from gateway.core.errors import BadRequest
 from tests.dialects import cases
 from tests.dialects.cases import (
     LOGPROBS,
@@ -70,9 +72,21 @@ READS = [
     ),
     ReadCase(
         "speculative and prompt lookup decoding options",
-        {"num_assistant_tokens": 5, "assistant_confidence_threshold": 0.4, "max_ngram_size": 3},
-        {"options": {"num_assistant_tokens": 5, "assistant_confidence_threshold": 0.4, "max_ngram_size": 3}},
+        {"num_assistant_tokens": 5, "max_ngram_size": 3},
+        {"options": {"num_assistant_tokens": 5, "max_ngram_size": 3}},
     ),
+    ReadCase(
+        "speculative decoding by confidence",
+        {"assistant_confidence_threshold": 0.4},
+        {"options": {"assistant_confidence_threshold": 0.4}},
+    ),
+    ReadCase(
+        "a streamed stop string is kept by default",
+        {"stream": True, "stop": ["END"]},
+        {"stream": True, "stop": ["END"], "options": {"include_stop_str_in_output": True}},
+    ),
+    ReadCase("not streamed, no default", {"stop": ["END"]}, {"stop": ["END"]}),
+    ReadCase("n within best_of", {"n": 1, "best_of": 1}, {"options": {"best_of": 1}}),
     ReadCase(
         "include_stop_str_in_output false without stream",
         {"include_stop_str_in_output": False},
@@ -120,7 +134,7 @@ def rejected(name: str, value: Any) -> RefusedCase:
     return RefusedCase(
         f"rejected: {name}",
         {name: value},
-        UnprocessableContent,
+        BadRequest,
         "UnsupportedParameter",
         name,
         ["body", name],
@@ -148,7 +162,7 @@ REFUSED = [
     rejected("spaces_between_special_tokens", False),
     rejected("logits_processors", ["x"]),
     rejected("truncate_prompt_tokens", 10),
-    # OVMS's rules
+    # OVMS's rules (ovms.yaml `x-chatgate-rules`)
     RefusedCase(
         "include_stop_str_in_output false with stream",
         {"stream": True, "include_stop_str_in_output": False},
@@ -158,14 +172,46 @@ REFUSED = [
         ["body", "include_stop_str_in_output"],
         False,
     ),
+    RefusedCase("best_of below n", {"n": 3, "best_of": 2}, BadRequest, "BadRequest", "n", ["body", "n"], 3),
+    RefusedCase("n above the default best_of", {"n": 2}, BadRequest, "BadRequest", "n", ["body", "n"], 2),
     RefusedCase(
-        "best_of below n",
-        {"n": 3, "best_of": 2},
+        "n above 1 streamed", {"n": 2, "stream": True}, BadRequest, "BadRequest", "n", ["body", "n"], 2
+    ),
+    RefusedCase(
+        "best_of streamed",
+        {"best_of": 2, "stream": True},
         BadRequest,
         "BadRequest",
         "best_of",
         ["body", "best_of"],
         2,
+    ),
+    RefusedCase(
+        "logprobs streamed",
+        {"logprobs": True, "stream": True},
+        BadRequest,
+        "BadRequest",
+        "logprobs",
+        ["body", "logprobs"],
+        True,
+    ),
+    RefusedCase(
+        "stream_options without stream",
+        {"stream_options": {"include_usage": True}},
+        BadRequest,
+        "BadRequest",
+        "stream_options",
+        ["body", "stream_options"],
+        {"include_usage": True},
+    ),
+    RefusedCase(
+        "both speculative knobs",
+        {"num_assistant_tokens": 5, "assistant_confidence_threshold": 0.4},
+        BadRequest,
+        "BadRequest",
+        "assistant_confidence_threshold",
+        ["body", "assistant_confidence_threshold"],
+        0.4,
     ),
 ]
 
@@ -185,7 +231,8 @@ def test_best_of_below_n_says_both():
     with pytest.raises(BadRequest) as raised:
         TRANSLATOR.read({**MINIMAL_BODY, "n": 3, "best_of": 2})
     assert TRANSLATOR.error(raised.value, "request-1").body == {
-        "error": "best_of (2) must be greater than or equal to n (3)."
+        "error": "n value (3) cannot be greater than best_of (2); best_of defaults to 1, so n above 1 "
+        "needs best_of at least n, which cannot stream."
     }
 
 
@@ -197,8 +244,8 @@ def test_every_parameter_the_document_defines_has_a_row():
 
 
 def completion_body(choices: list[dict[str, Any]]) -> dict[str, Any]:
+    """OVMS sends no `id` (nor system_fingerprint)."""
     return {
-        "id": cases.ANSWER_ID,
         "object": "chat.completion",
         "created": cases.CREATED,
         "model": cases.MODEL,
@@ -250,7 +297,6 @@ COMPLETIONS = [
                         {"token": "!", "logprob": -0.5, "bytes": [33], "top_logprobs": []},
                         {"token": "?", "logprob": None, "bytes": [63], "top_logprobs": []},
                     ],
-                    "refusal": None,
                 },
                 "finish_reason": "length",
             }
@@ -295,7 +341,6 @@ def test_finish_reason_words(reason: FinishReason, word: str):
 
 def chunk(choice: dict[str, Any] | None = None, **more: Any) -> dict[str, Any]:
     return {
-        "id": cases.ANSWER_ID,
         "object": "chat.completion.chunk",
         "created": cases.CREATED,
         "model": cases.MODEL,
@@ -313,10 +358,21 @@ STREAMS = [
         "text, finish and usage",
         [TextDelta(0, "Hel"), TextDelta(0, "lo"), Finish(0, "stop_sequence"), USAGE],
         [
-            chunk(choice({"role": "assistant", "content": ""})),
-            chunk(choice({"content": "Hel"})),
-            chunk(choice({"content": "lo"})),
-            chunk(choice({}, "stop")),
+            chunk(choice({"role": "assistant", "content": ""}), usage=None),
+            chunk(choice({"content": "Hel"}), usage=None),
+            chunk(choice({"content": "lo"}), usage=None),
+            chunk(choice({}, "stop"), usage=None),
+            chunk(usage=USAGE_BODY),
+        ],
+        include_usage=True,
+    ),
+    StreamCase(
+        "no fingerprint, no usage details (OVMS has neither); a refusal is content",
+        [cases.SERVED, RefusalDelta(0, cases.REFUSAL), Finish(0, "stop"), cases.DETAILED_USAGE],
+        [
+            chunk(choice({"role": "assistant", "content": ""}), usage=None),
+            chunk(choice({"content": cases.REFUSAL}), usage=None),
+            chunk(choice({}, "stop"), usage=None),
             chunk(usage=USAGE_BODY),
         ],
         include_usage=True,
@@ -388,5 +444,4 @@ ERRORS = [
 def test_error(case: ErrorCase):
     rendered = TRANSLATOR.error(case.error, "request-1")
     assert (rendered.status, rendered.body, rendered.headers) == (case.status, case.body, case.headers)
-    if case.status not in cases.UNDOCUMENTED_STATUSES:
-        assert response_errors(SPEC, PATH, "post", case.status, rendered.body) == []
+    assert response_errors(SPEC, PATH, "post", case.status, rendered.body) == []

@@ -1,0 +1,121 @@
+"""The rules a dialect's document states between fields, which an OpenAPI 3.0 schema cannot say
+(`top_logprobs` needs `logprobs: true`, `n` at most `best_of`, keys of a map …).
+
+Each rule is written once, as data, in the document: the chat request schema's
+`x-chatgate-rules` list (openapi/README.md). The translator refuses a body that breaks one with
+400 (gateway/dialects/shape.py), and `chatgate conformance` judges generated bodies by the same
+rules (gateway/tools/conformance.py). A rule is broken when every condition holds:
+
+- `when`: parameter → a JSON Schema (2020-12) its value matches; an absent parameter is null;
+- `greater: [a, b]`: a's value is greater than b's, each absent or null one read as its
+  documented `default`;
+- `each: <array parameter>`: the conditions are about each item of that array (a message …).
+
+`message` may name parameters in braces (`{n}`): their values, or defaults, are filled in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import jsonschema_rs
+
+from gateway.core.errors import BadRequest
+
+EXTENSION = "x-chatgate-rules"
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    name: str
+    message: str
+    param: str  # the parameter the error names
+    when: tuple[tuple[str, Any], ...] = ()  # (parameter, compiled validator)
+    greater: tuple[str, str] | None = None
+    each: str | None = None
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+
+    def holds_for(self, values: Mapping[str, Any]) -> bool:
+        """Whether `values` (a body, or one item of `each`) keeps the rule."""
+        for name, validator in self.when:
+            if not validator.is_valid(values.get(name)):
+                return True
+        if self.greater is not None:
+            first, second = (self.value(values, name) for name in self.greater)
+            numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (first, second))
+            if not numbers or not first > second:
+                return True
+        return False
+
+    def value(self, values: Mapping[str, Any], name: str) -> Any:
+        found = values.get(name)
+        return self.defaults.get(name) if found is None else found
+
+    def breaches(self, body: Mapping[str, Any]) -> Iterator[BadRequest]:
+        """The errors this body's breaches of the rule are answered with (none when it keeps it)."""
+        if self.each is None:
+            if not self.holds_for(body):
+                yield self.error(body, ["body", self.param], self.param)
+            return
+        items = body.get(self.each)
+        for index, item in enumerate(items if isinstance(items, list) else ()):
+            if isinstance(item, Mapping) and not self.holds_for(item):
+                where = f"{self.each}[{index}]"
+                yield self.error(item, ["body", self.each, index], where, in_item=True)
+
+    def error(
+        self, values: Mapping[str, Any], loc: list[str | int], param: str, in_item: bool = False
+    ) -> BadRequest:
+        shown = {name: self.value(values, name) for name in self.named()}
+        message = self.message.format_map(_Shown(shown))
+        if in_item:
+            message = f"{param}: {message}"
+        return BadRequest(
+            message,
+            param=param,
+            loc=loc,
+            value=values if in_item else values.get(self.param),
+            code="BadRequest",
+        )
+
+    def named(self) -> set[str]:
+        names = {name for name, _ in self.when} | set(self.greater or ())
+        return names | {self.param}
+
+
+class _Shown(dict[str, Any]):
+    def __missing__(self, key: str) -> str:
+        return "{" + key + "}"
+
+
+def read_rules(schema: Mapping[str, Any], defaults: Mapping[str, Any]) -> tuple[Rule, ...]:
+    """The rules of a request schema's `x-chatgate-rules`, compiled."""
+    rules = []
+    for raw in schema.get(EXTENSION, ()):
+        when = tuple(
+            (name, jsonschema_rs.Draft202012Validator(condition))
+            for name, condition in (raw.get("when") or {}).items()
+        )
+        greater = raw.get("greater")
+        rules.append(
+            Rule(
+                name=raw["name"],
+                message=raw["message"],
+                param=raw["param"],
+                when=when,
+                greater=(greater[0], greater[1]) if greater else None,
+                each=raw.get("each"),
+                defaults=dict(defaults),
+            )
+        )
+    return tuple(rules)
+
+
+def first_breach(rules: tuple[Rule, ...], body: Mapping[str, Any]) -> BadRequest | None:
+    """The error for the first rule the body breaks, or None."""
+    for rule in rules:
+        for error in rule.breaches(body):
+            return error
+    return None
