@@ -45,15 +45,22 @@ from backends.upstream_client import (
 from backends.upstream_options import NetworkOptions
 from backends.upstream_status import CREDENTIALS, Answer, StatusTable, UpstreamFailure, status_error
 from gateway.core.canonical import (
+    FROM_TOKEN,
     ChatRequest,
+    CompletionTokensDetails,
     Event,
     Finish,
     FinishReason,
+    PromptTokensDetails,
+    RefusalDelta,
+    ServedBy,
     TextDelta,
+    TokenBytes,
     TokenLogprob,
     ToolCallDelta,
     TopLogprob,
     Usage,
+    mark_last_text,
 )
 from gateway.core.errors import (
     BadGateway,
@@ -378,6 +385,9 @@ class OpenAICompatibleBackend:
             raise stream_error(body["error"])
         try:
             events: list[Event] = []
+            served = served_by(body)
+            if served is not None:
+                events.append(served)
             fragments = 0
             for choice in body["choices"]:
                 index = choice_index(choice, request.n)
@@ -387,6 +397,11 @@ class OpenAICompatibleBackend:
                 if text or logprobs:
                     events.append(TextDelta(index, text, logprobs))
                     fragments += len(logprobs) if logprobs else len(text.split())
+                refusal = message.get("refusal")
+                if isinstance(refusal, str):
+                    refusal_logprobs = token_logprobs(choice.get("logprobs"), "refusal")
+                    events.append(RefusalDelta(index, refusal, refusal_logprobs))
+                    fragments += len(refusal_logprobs) if refusal_logprobs else len(refusal.split())
                 calls = list(message.get("tool_calls") or ())
                 if message.get("function_call"):
                     calls.append({"function": message["function_call"]})
@@ -406,7 +421,7 @@ class OpenAICompatibleBackend:
             self.warn_no_usage()
             usage = Usage(0, fragments)
         events.append(usage)
-        return events
+        return mark_last_text(events)
 
     def warn_no_usage(self) -> None:
         if not self._warned_no_usage:
@@ -483,7 +498,7 @@ class StreamState:
     to tell a matched stop string from the end of the sequence (`finish_reason`).
     """
 
-    __slots__ = ("calls", "finished", "fragments", "n", "seen", "stops", "tails", "usage")
+    __slots__ = ("calls", "finished", "fragments", "n", "seen", "served", "stops", "tails", "usage")
 
     def __init__(self, n: int, stops: list[str] | None = None) -> None:
         self.n = n
@@ -494,6 +509,7 @@ class StreamState:
         self.usage: Usage | None = None
         self.stops = stops or []
         self.tails: dict[int, str] = {}
+        self.served = False  # ServedBy sent (from the first chunk that says it)
 
     @property
     def unfinished(self) -> bool:
@@ -507,6 +523,9 @@ class StreamState:
                 raise stream_error(chunk)  # LMI (DJL Serving): {code, type, message}
         events: list[Event] = []
         try:
+            if not self.served and (served := served_by(chunk)) is not None:
+                events.append(served)
+                self.served = True
             for choice in chunk.get("choices") or ():
                 index = choice_index(choice, self.n)
                 self.seen.add(index)
@@ -519,6 +538,12 @@ class StreamState:
                     self.fragments += 1
                     if self.stops:
                         self.tails[index] = (self.tails.get(index, "") + text)[-STOP_TAIL:]
+                refusal = delta.get("refusal")
+                if isinstance(refusal, str) and refusal:
+                    events.append(
+                        RefusalDelta(index, refusal, token_logprobs(choice.get("logprobs"), "refusal"))
+                    )
+                    self.fragments += 1
                 calls = delta.get("tool_calls")
                 if delta.get("function_call"):
                     calls = [{"index": 0, "function": delta["function_call"]}]
@@ -535,7 +560,7 @@ class StreamState:
                 self.usage = read_usage(chunk["usage"])
         except (KeyError, TypeError, AttributeError, ValueError) as exc:
             raise malformed(exc) from None
-        return events
+        return mark_last_text(events)
 
     def collect(self, index: int, fragments: list[dict[str, Any]], events: list[Event]) -> None:
         pending = self.calls.setdefault(index, {})
@@ -616,22 +641,49 @@ def arguments_text(arguments: Any) -> str:
     return arguments if isinstance(arguments, str) else orjson.dumps(arguments).decode()
 
 
-def token_logprobs(logprobs: Any) -> list[TokenLogprob] | None:
+def token_logprobs(logprobs: Any, part: str = "content") -> list[TokenLogprob] | None:
+    """A choice's logprobs for its `content` (or its `refusal`), `bytes` kept as the upstream
+    gave them."""
     if isinstance(logprobs, list):  # LMI wraps the object in a one-element list
         logprobs = logprobs[0] if logprobs else None
     if not logprobs:
         return None
-    content = logprobs.get("content")
-    if content is None:
+    entries = logprobs.get(part)
+    if entries is None:
         return None
     return [
         TokenLogprob(
             token_text(entry["token"]),
             entry.get("logprob"),
-            [TopLogprob(token_text(top["token"]), top["logprob"]) for top in entry.get("top_logprobs") or ()],
+            [
+                TopLogprob(token_text(top["token"]), top["logprob"], token_bytes(top))
+                for top in entry.get("top_logprobs") or ()
+            ],
+            token_bytes(entry),
         )
-        for entry in content
+        for entry in entries
     ]
+
+
+def token_bytes(entry: Mapping[str, Any]) -> TokenBytes:
+    """A logprob entry's `bytes`: a list of byte values, None when the upstream said null, or
+    FROM_TOKEN when it said nothing (each dialect then derives them from the token)."""
+    if "bytes" not in entry:
+        return FROM_TOKEN
+    said = entry["bytes"]
+    if said is None:
+        return None
+    if not isinstance(said, list) or not all(type(b) is int and 0 <= b <= 255 for b in said):
+        raise ValueError(f"logprob bytes {snippet(orjson.dumps(said), 60)!r} are not byte values")
+    return said
+
+
+def served_by(body: Mapping[str, Any]) -> ServedBy | None:
+    """The answer's `system_fingerprint` and `service_tier`, if the upstream said either."""
+    fingerprint, tier = body.get("system_fingerprint"), body.get("service_tier")
+    fingerprint = fingerprint if isinstance(fingerprint, str) else None
+    tier = tier if isinstance(tier, str) else None
+    return ServedBy(fingerprint, tier) if fingerprint is not None or tier is not None else None
 
 
 def token_text(token: Any) -> str:
@@ -656,7 +708,21 @@ def finish_reason(choice: Mapping[str, Any], text: str, stops: list[str]) -> Fin
 def read_usage(usage: Any) -> Usage | None:
     if not usage:
         return None
-    return Usage(int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0))
+    completion = counts(usage.get("completion_tokens_details"), CompletionTokensDetails.__slots__)
+    prompt = counts(usage.get("prompt_tokens_details"), PromptTokensDetails.__slots__)
+    return Usage(
+        int(usage.get("prompt_tokens") or 0),
+        int(usage.get("completion_tokens") or 0),
+        CompletionTokensDetails(**completion) if completion is not None else None,
+        PromptTokensDetails(**prompt) if prompt is not None else None,
+    )
+
+
+def counts(details: Any, names: tuple[str, ...]) -> dict[str, int] | None:
+    """The token counts a usage details object gives, of those the canonical Usage knows."""
+    if not isinstance(details, dict):
+        return None
+    return {name: details[name] for name in names if type(details.get(name)) is int}
 
 
 def new_call_id() -> str:

@@ -10,7 +10,15 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from gateway.core.canonical import ChatRequest, Event, EventStream, TextDelta, ToolCallDelta, Usage
+from gateway.core.canonical import (
+    ChatRequest,
+    Event,
+    EventStream,
+    RefusalDelta,
+    TextDelta,
+    ToolCallDelta,
+    Usage,
+)
 from gateway.core.errors import (
     BadGateway,
     GatewayError,
@@ -234,7 +242,7 @@ class Dispatcher:
         turn_at = clock() + TURN_SECONDS
         try:
             while event is not None:
-                if isinstance(event, TextDelta | ToolCallDelta):
+                if isinstance(event, TextDelta | RefusalDelta | ToolCallDelta):
                     record.first_token()
                 elif isinstance(event, Usage):
                     record.prompt_tokens = event.prompt_tokens

@@ -171,6 +171,8 @@ class StubUpstream(LoopbackServer):
                 await writer.drain()
             await reader.read()  # answers no more; returns when the gateway hangs up
             connection.closed.set()
+        elif behaviour in ("refusing", "detailed"):
+            await self.say_everything(behaviour, connection, writer)
         elif behaviour == "truncated":
             await start_stream(writer)
             writer.write(chunk([delta(role="assistant", content="partial")]))
@@ -197,6 +199,48 @@ class StubUpstream(LoopbackServer):
             writer.write(chunk([delta(i, finish_reason="stop")]))
         writer.write(b"data: [DONE]\n\n")
         await writer.drain()
+
+    async def say_everything(
+        self, behaviour: str, connection: StubConnection, writer: asyncio.StreamWriter
+    ) -> None:
+        """An answer with every field a client could read besides the text: a refusal (or text)
+        with its logprobs and their bytes, the fingerprint, the tier, usage details."""
+        part = "refusal" if behaviour == "refusing" else "content"
+        served = {"system_fingerprint": "fp_stub", "service_tier": "default"}
+        if not connection.body.get("stream"):
+            logprobs = {"content": None, "refusal": None, part: EVERYTHING_LOGPROBS}
+            message = {"role": "assistant", "content": None, "refusal": None, part: EVERYTHING_TEXT}
+            body = {"id": "x", "object": "chat.completion", "created": 0, "model": "stub",
+                    "choices": [{"index": 0, "message": message, "logprobs": logprobs,
+                                 "finish_reason": "stop"}],
+                    "usage": EVERYTHING_USAGE, **served}  # fmt: skip
+            await respond(writer, 200, orjson.dumps(body))
+            return
+        await start_stream(writer)
+        writer.write(chunk([delta(role="assistant", content=None)], **served))
+        for entry in EVERYTHING_LOGPROBS:
+            piece = {"index": 0, "delta": {part: entry["token"]}, "finish_reason": None,
+                     "logprobs": {"content": None, "refusal": None, part: [entry]}}  # fmt: skip
+            writer.write(chunk([piece], **served))
+        writer.write(chunk([delta(finish_reason="stop")], **served))
+        writer.write(chunk([], usage=EVERYTHING_USAGE, **served))
+        writer.write(b"data: [DONE]\n\n")
+        await writer.drain()
+
+
+EVERYTHING_LOGPROBS = [
+    {"token": "No", "logprob": -0.1, "bytes": [78, 111],
+     "top_logprobs": [{"token": "No", "logprob": -0.1, "bytes": [78, 111]},
+                      {"token": "<|x|>", "logprob": -3.0, "bytes": None}]},
+    {"token": ", sorry", "logprob": -0.2, "bytes": None, "top_logprobs": []},
+]  # fmt: skip
+EVERYTHING_TEXT = "No, sorry"
+EVERYTHING_USAGE = {
+    "prompt_tokens": 11, "completion_tokens": 2, "total_tokens": 13,
+    "completion_tokens_details": {"reasoning_tokens": 7, "accepted_prediction_tokens": 0,
+                                  "rejected_prediction_tokens": 0, "audio_tokens": 0},
+    "prompt_tokens_details": {"cached_tokens": 3, "audio_tokens": 0},
+}  # fmt: skip
 
 
 async def respond(
@@ -234,7 +278,8 @@ def stub() -> Iterator[StubUpstream]:
 
 STUB_BEHAVIOURS = ["status-400", "status-401", "status-403", "status-404", "status-422",
                    "status-429", "status-500", "status-503", "malformed", "capture",
-                   "fragments", "stall", "midstream", "truncated"]  # fmt: skip
+                   "fragments", "stall", "midstream", "truncated", "refusing",
+                   "detailed"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -806,3 +851,41 @@ def test_a_streamed_match_is_found_across_chunks_and_lmi_token_ids_are_text() ->
 def test_an_lmi_error_line_ends_the_stream_as_an_error() -> None:
     with pytest.raises(BadGateway, match="boom"):
         StreamState(1).feed({"code": 424, "type": "ServiceUnavailableException", "message": "boom"})
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+@pytest.mark.parametrize("behaviour", ["refusing", "detailed"])
+def test_nothing_the_upstream_said_is_lost(gateway: str, behaviour: str, stream: bool) -> None:
+    """A refusal or text, its logprobs with their bytes (given, or null), the fingerprint, the
+    tier and the usage details reach an OpenAI client as the upstream said them."""
+    client = openai_client(f"{gateway}/v1")
+    params: dict[str, Any] = {"model": f"stub-{behaviour}", "messages": MESSAGES, "logprobs": True,
+                              "top_logprobs": 2}  # fmt: skip
+    if stream:
+        chunks = list(client.chat.completions.create(
+            **params, stream=True, stream_options={"include_usage": True}))  # fmt: skip
+        assert {c.system_fingerprint for c in chunks} == {"fp_stub"}
+        assert {c.service_tier for c in chunks} == {"default"}
+        deltas = [c.choices[0] for c in chunks if c.choices]
+        part = "refusal" if behaviour == "refusing" else "content"
+        said = "".join(getattr(d.delta, part) or "" for d in deltas)
+        entries = [e for d in deltas if d.logprobs for e in getattr(d.logprobs, part) or ()]
+        usage = chunks[-1].usage
+        if behaviour == "refusing":
+            assert all(not d.delta.content for d in deltas)
+    else:
+        answer = client.chat.completions.create(**params)
+        assert (answer.system_fingerprint, answer.service_tier) == ("fp_stub", "default")
+        message, logprobs = answer.choices[0].message, answer.choices[0].logprobs
+        said = message.refusal if behaviour == "refusing" else message.content
+        assert message.content is None if behaviour == "refusing" else message.refusal is None
+        assert logprobs is not None
+        entries = (logprobs.refusal if behaviour == "refusing" else logprobs.content) or []
+        usage = answer.usage
+    assert said == EVERYTHING_TEXT
+    assert [(e.token, e.bytes) for e in entries] == [("No", [78, 111]), (", sorry", None)]
+    assert [(t.token, t.bytes) for t in entries[0].top_logprobs] == [("No", [78, 111]), ("<|x|>", None)]
+    assert usage is not None and (usage.prompt_tokens, usage.completion_tokens) == (11, 2)
+    assert usage.completion_tokens_details is not None
+    assert usage.completion_tokens_details.reasoning_tokens == 7
+    assert usage.prompt_tokens_details is not None and usage.prompt_tokens_details.cached_tokens == 3
