@@ -104,6 +104,7 @@ class GatewayServer(uvicorn.Server):
         self.watched = self.file_stamps()
         self.watched_at = time.monotonic()
         self.reloading: asyncio.Task[None] | None = None
+        self.supervisor: int | None = None  # a worker's supervisor: when it is gone, stop too
 
     def file_stamps(self) -> dict[Path, float]:
         """The config file and the keys file it names, with their last modification times."""
@@ -166,6 +167,10 @@ class GatewayServer(uvicorn.Server):
         now = time.monotonic()
         if self.drain_ends is not None and now >= self.drain_ends:
             return True
+        if self.supervisor is not None and self.drain_ends is None and os.getppid() != self.supervisor:
+            # the supervisor was killed (SIGKILL, the OOM killer): no worker may go on serving
+            # the port alone, unsupervised and unstoppable by the process manager
+            self.stop(signal.SIGTERM, None)
         why = None
         if self.reload_asked:
             self.reload_asked, why = False, "SIGHUP"
@@ -178,7 +183,7 @@ class GatewayServer(uvicorn.Server):
         return await super().on_tick(counter)
 
 
-def run_worker(options: ServeOptions, sock: socket.socket) -> int:
+def run_worker(options: ServeOptions, sock: socket.socket, supervisor: int | None = None) -> int:
     """One server process on a bound socket (in the process itself, or in a worker)."""
     from gateway.access_log import AccessLog
     from gateway.app import create_app, front_door_of
@@ -215,6 +220,7 @@ def run_worker(options: ServeOptions, sock: socket.socket) -> int:
         timeout_graceful_shutdown=max(settings.server.shutdown.deadline, 0.001),  # type: ignore[arg-type]
     )
     server = GatewayServer(config, lifecycle, settings, options.config_path)
+    server.supervisor = supervisor
     host, port = sock.getsockname()[:2]
     log.info("chatgate serving on http://%s:%d (process %d)", host, port, os.getpid())
     try:
@@ -224,9 +230,9 @@ def run_worker(options: ServeOptions, sock: socket.socket) -> int:
     return 0 if server.started else STARTUP_FAILURE
 
 
-def worker_main(options: ServeOptions, sock: socket.socket) -> None:
+def worker_main(options: ServeOptions, sock: socket.socket, supervisor: int) -> None:
     """A worker process's entry point."""
-    sys.exit(run_worker(options, sock))
+    sys.exit(run_worker(options, sock, supervisor))
 
 
 class Supervisor:
@@ -241,7 +247,9 @@ class Supervisor:
 
     def start(self, index: int) -> Any:
         process = self.context.Process(
-            target=worker_main, args=(self.options, self.sockets[index]), name=f"chatgate-worker-{index}"
+            target=worker_main,
+            args=(self.options, self.sockets[index], os.getpid()),
+            name=f"chatgate-worker-{index}",
         )
         process.start()
         return process

@@ -112,6 +112,32 @@ def test_workers_drain_exit_0_and_leave_no_metrics_folder(tmp_path: Path):
     assert not list(scratch.glob("chatgate-metrics-*"))
 
 
+def worker_pids(supervisor: int) -> list[int]:
+    children = Path(f"/proc/{supervisor}/task/{supervisor}/children").read_text().split()
+    return [int(pid) for pid in children if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text()]
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+def test_workers_stop_when_their_supervisor_is_killed(tmp_path: Path):
+    """SIGKILL (the OOM killer) leaves no way to pass SIGTERM on: the workers notice they are
+    orphans and stop, rather than serving the port unsupervised for ever."""
+    with gateway_process(tmp_path, None, "--workers", "2") as gateway:
+        wait_for(lambda: len(worker_pids(gateway.process.pid)) == 2)
+        workers = worker_pids(gateway.process.pid)
+        gateway.signal(signal.SIGKILL)
+        gateway.wait(timeout=10)
+        wait_for(lambda: not any(alive(pid) for pid in workers), timeout=15)
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"{gateway.url}/health", timeout=2)
+
+
 @pytest.mark.parametrize("on_error, status", [("fail-closed", 503), ("fail-open", 200)])
 def test_ready_follows_an_unreachable_limit_store_when_it_matters(tmp_path: Path, on_error: str, status: int):
     nowhere = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
