@@ -17,7 +17,6 @@ Each dialect request also gets a request id (the client's, if it sent a safe one
 from __future__ import annotations
 
 import logging
-import os
 import re
 import time
 from collections.abc import Awaitable, Callable
@@ -41,6 +40,7 @@ from gateway.core.errors import (
     UnsupportedMediaType,
     error_for_status,
 )
+from gateway.core.ids import random_hex
 from gateway.dialects.shape import OpenAIShaped
 from gateway.metrics import Metrics
 from gateway.policy.auth import ANONYMOUS, KeyStore, Scheme, authenticate, schemes_of
@@ -273,7 +273,7 @@ class FrontDoor(SpecMiddleware):
                 request_id = value
                 break
         if not request_id:
-            request_id = os.urandom(16).hex().encode()  # as random as uuid4, a third of the cost
+            request_id = random_hex().encode()
         operation, path_params, methods = self.find(path, "GET" if method == "HEAD" else method)
         if operation is None or method == "HEAD":
             if method in ("GET", "HEAD") and (document := self.documents.get(path)) is not None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 from collections.abc import AsyncIterator
 
@@ -24,6 +23,7 @@ from starlette.responses import Response
 from gateway.call import Call
 from gateway.core.canonical import Event, EventStream, answer_too_large, gather
 from gateway.core.errors import ClientGone, GatewayError, InternalError
+from gateway.core.ids import random_hex
 from gateway.core.trace import Trace
 from gateway.dialects.dialect import Dialect
 from gateway.dialects.shape import JSON, Answer, OpenAIShaped, StreamState
@@ -57,7 +57,7 @@ class ChatPipeline:
             await self.media.screen(request)
         events = runtime.generate(admission, request, call.record)
         answer = Answer(
-            id=translator.id_prefix + os.urandom(16).hex(),
+            id=translator.id_prefix + random_hex(),
             created=int(time.time()),
             model=request.model or admission.deployment.model,
             request=request,

@@ -213,6 +213,8 @@ def run_worker(options: ServeOptions, sock: socket.socket, supervisor: int | Non
         log_config=None,  # configured above, once
         log_level=options.log_level,
         access_log=False,
+        # nothing reads the client's address or scheme: no X-Forwarded-* rewriting per request
+        proxy_headers=False,
         loop="uvloop",
         http=edge,  # type: ignore[arg-type]
         lifespan="on",

@@ -206,6 +206,18 @@ def rendered_size(event: Event) -> int:
     return 0
 
 
+def prompt_text(messages: list[dict[str, Any]]) -> str:
+    """The text of the messages, joined by newlines (text parts of a list content too)."""
+    texts = []
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, str):
+            texts.append(content)
+        elif isinstance(content, list):
+            texts += [p.get("text", "") for p in content if isinstance(p, dict)]
+    return "\n".join(texts)
+
+
 def mark_last_text(events: list[Event]) -> list[Event]:
     """The events, each TextDelta directly followed by its choice's Finish marked `last`."""
     for event, following in pairwise(events):

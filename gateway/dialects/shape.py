@@ -7,7 +7,7 @@ differently. Everything here is pure: no I/O, no policy, no server.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import orjson
@@ -47,7 +47,8 @@ TOKEN_LIMITS = ("max_completion_tokens", "max_tokens", "maximum_tokens")
 
 def said(details: CompletionTokensDetails | PromptTokensDetails) -> dict[str, int]:
     """The counts of a usage detail the backend gave (those it did not say are left out)."""
-    return {name: value for name, value in asdict(details).items() if value is not None}
+    # not dataclasses.asdict: it deep-copies every value, a fifth of rendering an answer
+    return {name: value for name in details.__slots__ if (value := getattr(details, name)) is not None}
 
 
 @dataclass(frozen=True, slots=True)

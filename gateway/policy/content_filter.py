@@ -9,23 +9,19 @@ from __future__ import annotations
 import re
 
 from gateway.config import ContentFilter, FilterRules
-from gateway.core.canonical import EventStream, Finish, RefusalDelta, TextDelta, ToolCallDelta
+from gateway.core.canonical import (
+    EventStream,
+    Finish,
+    RefusalDelta,
+    TextDelta,
+    ToolCallDelta,
+    prompt_text,
+)
 from gateway.core.errors import ContentFiltered
 
 
 def compile_rules(rules: FilterRules) -> re.Pattern[str] | None:
     return rules.compiled()
-
-
-def prompt_text(messages: list[dict]) -> str:
-    texts = []
-    for message in messages:
-        content = message.get("content")
-        if isinstance(content, str):
-            texts.append(content)
-        elif isinstance(content, list):
-            texts += [p.get("text", "") for p in content if isinstance(p, dict)]
-    return "\n".join(texts)
 
 
 class Filter:

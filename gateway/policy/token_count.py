@@ -13,8 +13,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from gateway.core.canonical import prompt_text
 from gateway.core.options import ConfigError
-from gateway.policy.content_filter import prompt_text
 
 MESSAGE_OVERHEAD_TOKENS = 3  # role and separators, as chat templates add them
 CHARACTERS_PER_TOKEN = 4
