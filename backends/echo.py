@@ -8,6 +8,7 @@ can be exercised end to end.
 from __future__ import annotations
 
 import asyncio
+import enum
 import itertools
 import re
 import zlib
@@ -25,6 +26,7 @@ from gateway.core.canonical import (
     Event,
     Finish,
     FinishReason,
+    Item,
     PromptTokensDetails,
     ServedBy,
     TextDelta,
@@ -244,15 +246,37 @@ class EchoBackend:
                     return tool
         return None
 
-    async def generate(self, request: ChatRequest) -> AsyncIterator[Event]:
-        text, tool_call = self.reply_for(request)
+    async def generate(self, request: ChatRequest) -> AsyncIterator[Item]:
         prompt_tokens = await count_prompt_tokens(request.messages)
+        events = self.answer(request, prompt_tokens)
+        if request.stream:
+            for event in events:
+                if event is TURN:
+                    await asyncio.sleep(0)
+                else:
+                    yield event
+            return
+        # nobody sees the pieces of an answer that is not streamed: it goes as one batch (a
+        # slice's worth at a time, for a long one)
+        batch: list[Event] = []
+        for event in events:
+            if event is TURN:
+                if batch:
+                    yield batch
+                    batch = []
+                await asyncio.sleep(0)
+            else:
+                batch.append(event)
+        yield batch
+
+    def answer(self, request: ChatRequest, prompt_tokens: int) -> Iterator[Event | Turn]:
+        """The answer's events, with a TURN wherever the event loop should get a turn: every
+        slice of tokens, so a long answer never holds it (a stream gets one event per token, an
+        answer not streamed one per slice)."""
+        text, tool_call = self.reply_for(request)
         completion_tokens = 0
         seed = request.seed or 0
         words = Words(text, request)
-        # Nobody sees the pieces of an answer that is not streamed: one event per slice of
-        # tokens (one for a usual answer); a stream gets one event per token. Either way the
-        # loop gets a turn every slice, so a long answer never holds it.
         step, turn_every = (1, SLICE_TOKENS) if request.stream else (SLICE_TOKENS, 1)
         yield SERVED
         for index in range(request.n):
@@ -274,11 +298,22 @@ class EchoBackend:
                 yield TextDelta(index, "".join(piece), logprobs, last=not following)
                 start += len(piece)
                 piece = following
-                if (start // step) % turn_every == 0:
-                    await asyncio.sleep(0)
+                if following and (start // step) % turn_every == 0:
+                    yield TURN
             completion_tokens += start
             yield Finish(index, words.reason)
+            if index + 1 < request.n:
+                yield TURN
         yield Usage(prompt_tokens, completion_tokens, COMPLETION_DETAILS, PROMPT_DETAILS)
+
+
+class Turn(enum.Enum):
+    """A point in an answer where the event loop gets a turn."""
+
+    TURN = "turn"
+
+
+TURN = Turn.TURN
 
 
 class Words:

@@ -51,6 +51,7 @@ from gateway.core.canonical import (
     Event,
     Finish,
     FinishReason,
+    Item,
     PromptTokensDetails,
     RefusalDelta,
     ServedBy,
@@ -300,7 +301,7 @@ class OpenAICompatibleBackend:
 
     # ----- response -----------------------------------------------------------------------
 
-    async def generate(self, request: ChatRequest) -> AsyncIterator[Event]:
+    async def generate(self, request: ChatRequest) -> AsyncIterator[Item]:
         loop = asyncio.get_running_loop()
         started = loop.time()
         deadline = started + self.options.total
@@ -327,8 +328,7 @@ class OpenAICompatibleBackend:
                 async for event in self.relay(answer, decoder, request, first_deadline, deadline):
                     yield event
                 return
-            for event in self.completion_events(parse_json(raw), request):
-                yield event
+            yield self.completion_events(parse_json(raw), request)
         except (UpstreamError, TimeoutError) as exc:
             raise self.transport_error(exc, loop.time() - started) from None
         finally:
@@ -344,8 +344,9 @@ class OpenAICompatibleBackend:
         request: ChatRequest,
         first_deadline: float,
         deadline: float,
-    ) -> AsyncIterator[Event]:
-        """Decode the upstream's stream and yield events chunk by chunk, as they arrive."""
+    ) -> AsyncIterator[Item]:
+        """Decode the upstream's stream and yield its events chunk by chunk, as they arrive (a
+        chunk's events as one batch)."""
         state = StreamState(request.n, request.stop)
         read = answer.read_some  # whatever has arrived; b"" only at the end
         until = first_deadline  # until the first generated chunk, then the whole answer's deadline
@@ -354,20 +355,16 @@ class OpenAICompatibleBackend:
                 piece = await read()
             payloads = decoder.feed(piece) if piece else decoder.close()
             for payload in payloads:
-                events = state.feed(parse_json(payload))
-                for event in events:
-                    yield event
-                if events:
+                if events := state.feed(parse_json(payload)):
+                    yield events
                     until = deadline
             if not piece:
                 break
         if not decoder.done and state.unfinished:
             raise BadGateway("The upstream closed the stream before the answer was finished.")
-        for event in state.close():
-            yield event
         if state.usage is None:
             self.warn_no_usage()
-        yield state.usage or Usage(0, state.fragments)
+        yield [*state.close(), state.usage or Usage(0, state.fragments)]
         if decoder.done:  # read the stream's end so the connection can be reused
             try:
                 async with asyncio.timeout(DRAIN_AFTER_DONE_SECONDS):

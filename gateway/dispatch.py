@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 
 from gateway.core.canonical import (
     ChatRequest,
-    Event,
     EventStream,
+    Item,
     RefusalDelta,
     TextDelta,
     ToolCallDelta,
@@ -67,7 +67,7 @@ class Watchdog:
         self.waiting: asyncio.Task | None = None
         self.fired = False
 
-    async def next(self, events: EventStream, timeout: float, what: str) -> Event | None:
+    async def next(self, events: EventStream, timeout: float, what: str) -> Item | None:
         self.deadline = self.loop.time() + timeout
         if self.handle is None or self.handle.when() > self.deadline:
             if self.handle is not None:
@@ -227,7 +227,7 @@ class Dispatcher:
         live: LiveDeployment,
         replica: Replica,
         events: EventStream,
-        first: Event | None,
+        first: Item | None,
         deadline: float,
         record: RequestRecord,
         begun: float,
@@ -237,26 +237,27 @@ class Dispatcher:
     ) -> EventStream:
         """The rest of a stream that has begun: idle and total timeouts, health verdict."""
         idle = live.config.timeouts.idle
-        event = first
+        item = first
         clock = watchdog.loop.time
         turn_at = clock() + TURN_SECONDS
         try:
-            while event is not None:
-                if isinstance(event, TextDelta | RefusalDelta | ToolCallDelta):
-                    record.first_token()
-                elif isinstance(event, Usage):
-                    record.prompt_tokens = event.prompt_tokens
-                    record.completion_tokens = event.completion_tokens
-                    if span is not None:
-                        span.set_attributes(
-                            {
-                                "gen_ai.usage.input_tokens": event.prompt_tokens,
-                                "gen_ai.usage.output_tokens": event.completion_tokens,
-                            }
-                        )
-                    if on_usage is not None:
-                        await on_usage(event)
-                yield event
+            while item is not None:
+                for event in item if isinstance(item, list) else (item,):
+                    if isinstance(event, TextDelta | RefusalDelta | ToolCallDelta):
+                        record.first_token()
+                    elif isinstance(event, Usage):
+                        record.prompt_tokens = event.prompt_tokens
+                        record.completion_tokens = event.completion_tokens
+                        if span is not None:
+                            span.set_attributes(
+                                {
+                                    "gen_ai.usage.input_tokens": event.prompt_tokens,
+                                    "gen_ai.usage.output_tokens": event.completion_tokens,
+                                }
+                            )
+                        if on_usage is not None:
+                            await on_usage(event)
+                yield item
                 if clock() >= turn_at:
                     # A backend with events ready (echo, a buffered upstream) and a client that
                     # takes them without waiting (or has gone, so sends return at once) would
@@ -268,7 +269,7 @@ class Dispatcher:
                 if remaining <= 0:
                     raise GatewayTimeout("The request took longer than its total time.", code="TotalTimeout")
                 what = "idle between chunks" if idle <= remaining else "total time"
-                event = await watchdog.next(events, min(idle, remaining), what)
+                item = await watchdog.next(events, min(idle, remaining), what)
         except NOT_RETRIED as error:
             self.attempt_failed(span, error)
             watchdog.stop()

@@ -12,6 +12,10 @@ body that never ends) as long as it liked, before any key was checked. Here:
 
 Errors found here, before any route is known (a request the parser refuses, a smuggling
 attempt), are answered as JSON in the shape of the dialect the path belongs to, never plain text.
+
+What the connection writes in one turn of the event loop goes out in one system call
+(`CoalescingTransport`): uvicorn writes an answer's head and body apart, and a relayed stream's
+chunks one by one.
 """
 
 from __future__ import annotations
@@ -40,6 +44,51 @@ class Refused(Exception):
         self.message = message
 
 
+class CoalescingTransport:
+    """A transport whose writes within one turn of the event loop are joined into one.
+
+    Writes are held until the turn ends (`call_soon`); closing flushes first, aborting drops
+    them. Everything else is the wrapped transport's. A system call costs several microseconds
+    here: an answer's head and body in one write saved about a tenth of a small request."""
+
+    __slots__ = ("held", "loop", "transport")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self.transport = transport
+        self.loop = loop
+        self.held: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        if not self.held:
+            self.loop.call_soon(self.flush)
+        self.held.append(data)
+
+    def flush(self) -> None:
+        if self.held:
+            data = b"".join(self.held) if len(self.held) > 1 else self.held[0]
+            self.held = []
+            if not self.transport.is_closing():
+                self.transport.write(data)
+
+    def close(self) -> None:
+        self.flush()
+        self.transport.close()
+
+    def abort(self) -> None:
+        self.held = []
+        self.transport.abort()
+
+    def write_eof(self) -> None:
+        self.flush()
+        self.transport.write_eof()
+
+    def get_write_buffer_size(self) -> int:
+        return self.transport.get_write_buffer_size() + sum(map(len, self.held))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.transport, name)
+
+
 class EdgeProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, limits: ClientLimits, render_error: ErrorRenderer, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -60,7 +109,7 @@ class EdgeProtocol(HttpToolsProtocol):
             transport.close()
             self.refused = True
             return
-        super().connection_made(transport)
+        super().connection_made(CoalescingTransport(transport, self.loop))  # type: ignore[arg-type]
         self.start_timer(self.limits.header_timeout, "a request")
 
     def connection_lost(self, exc: Exception | None) -> None:

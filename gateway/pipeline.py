@@ -21,7 +21,7 @@ import orjson
 from starlette.responses import Response
 
 from gateway.call import Call
-from gateway.core.canonical import Event, EventStream, answer_too_large, gather
+from gateway.core.canonical import EventStream, Item, answer_too_large, gather
 from gateway.core.errors import ClientGone, GatewayError, InternalError
 from gateway.core.ids import random_hex
 from gateway.core.trace import Trace
@@ -92,10 +92,17 @@ class ChatPipeline:
             call.record,
         )
 
+    def rendered(self, answer: Answer, item: Item, state: StreamState) -> bytes:
+        """An item's chunks, framed, as one piece."""
+        translator, frame = self.translator, self.translator.framing.frame
+        if not isinstance(item, list):
+            return b"".join(map(frame, translator.chunks(answer, item, state)))
+        return b"".join(frame(chunk) for event in item for chunk in translator.chunks(answer, event, state))
+
     async def stream(
         self,
         answer: Answer,
-        first: asyncio.Future[Event | None],
+        first: asyncio.Future[Item | None],
         events: EventStream,
         call: Call,
         keepalive: float | None,
@@ -111,17 +118,15 @@ class ChatPipeline:
                 await asyncio.wait({first}, timeout=keepalive)
                 if not first.done() and translator.framing.keepalive is not None:
                     yield translator.framing.keepalive
-            event = first.result()
-            if event is not None:
-                # the chunks of one event go out in one write (a choice's role chunk and its
+            item = first.result()
+            if item is not None:
+                # the chunks of one item go out in one write (a choice's role chunk and its
                 # first text arrive together)
-                if chunks := translator.chunks(answer, event, state):
-                    data = b"".join(map(frame, chunks))
+                if data := self.rendered(answer, item, state):
                     room -= len(data)
                     yield data
-                async for event in events:
-                    if chunks := translator.chunks(answer, event, state):
-                        data = b"".join(map(frame, chunks))
+                async for item in events:
+                    if data := self.rendered(answer, item, state):
                         room -= len(data)
                         if room < 0:
                             raise answer_too_large(self.max_response_bytes)

@@ -161,9 +161,19 @@ class ServedBy:
 
 
 Event = TextDelta | RefusalDelta | ToolCallDelta | Finish | Usage | ServedBy
+# What a backend yields: one event, or a batch of events it has at once (a whole completion,
+# an upstream chunk's several events), never empty. A batch passes every layer in one step:
+# per item, not per event, is what the async generators between a backend and a client cost.
+Batch = list[Event]
+Item = Event | Batch
 # What a backend's `generate` returns: an async generator, so whoever stops early can close it
 # (and the backend hangs up on its upstream).
-EventStream = AsyncGenerator[Event, None]
+EventStream = AsyncGenerator[Item, None]
+
+
+def each(item: Item) -> Batch:
+    """An item's events."""
+    return item if isinstance(item, list) else [item]
 
 
 @dataclass(slots=True)
@@ -226,30 +236,45 @@ def mark_last_text(events: list[Event]) -> list[Event]:
     return events
 
 
-async def gather(events: AsyncIterator[Event], n: int, max_bytes: int | None = None) -> Completion:
+async def gather(items: AsyncIterator[Item], n: int, max_bytes: int | None = None) -> Completion:
     """Fold a backend's event stream into a whole completion, refusing to hold more than
     about `max_bytes` of it."""
-    choices = [Choice(index=i) for i in range(n)]
-    texts: list[list[str]] = [[] for _ in range(n)]
-    refusals: list[list[str] | None] = [None] * n
-    usage = Usage(0, 0)
-    served = ServedBy()
+    folded = Folded(n)
     size = 0
-    async for event in events:
-        if max_bytes is not None:
-            size += rendered_size(event)
-            if size > max_bytes:
-                raise answer_too_large(max_bytes)
+    async for item in items:
+        for event in each(item):
+            if max_bytes is not None:
+                size += rendered_size(event)
+                if size > max_bytes:
+                    raise answer_too_large(max_bytes)
+            folded.add(event)
+    return folded.completion()
+
+
+class Folded:
+    """A completion being gathered, event by event."""
+
+    __slots__ = ("choices", "refusals", "served", "texts", "usage")
+
+    def __init__(self, n: int) -> None:
+        self.choices = [Choice(index=i) for i in range(n)]
+        self.texts: list[list[str]] = [[] for _ in range(n)]
+        self.refusals: list[list[str] | None] = [None] * n
+        self.usage = Usage(0, 0)
+        self.served = ServedBy()
+
+    def add(self, event: Event) -> None:
+        choices = self.choices
         match event:
             case TextDelta(index=i, text=text, logprobs=logprobs):
-                texts[i].append(text)
+                self.texts[i].append(text)
                 if logprobs is not None:
                     choice = choices[i]
                     if choice.logprobs is None:
                         choice.logprobs = []
                     choice.logprobs.extend(logprobs)
             case RefusalDelta(index=i, text=text, logprobs=logprobs):
-                refusals[i] = [*(refusals[i] or ()), text]
+                self.refusals[i] = [*(self.refusals[i] or ()), text]
                 if logprobs is not None:
                     choices[i].refusal_logprobs = [*(choices[i].refusal_logprobs or ()), *logprobs]
             case ToolCallDelta(index=i):
@@ -257,16 +282,18 @@ async def gather(events: AsyncIterator[Event], n: int, max_bytes: int | None = N
             case Finish(index=i, reason=reason):
                 choices[i].finish_reason = reason
             case Usage():
-                usage = event
+                self.usage = event
             case ServedBy():
-                served = ServedBy(
-                    event.system_fingerprint or served.system_fingerprint,
-                    event.service_tier or served.service_tier,
+                self.served = ServedBy(
+                    event.system_fingerprint or self.served.system_fingerprint,
+                    event.service_tier or self.served.service_tier,
                 )
-    for choice, parts, refused in zip(choices, texts, refusals, strict=True):
-        choice.text = "".join(parts)
-        choice.refusal = None if refused is None else "".join(refused)
-    return Completion(choices=choices, usage=usage, served=served)
+
+    def completion(self) -> Completion:
+        for choice, parts, refused in zip(self.choices, self.texts, self.refusals, strict=True):
+            choice.text = "".join(parts)
+            choice.refusal = None if refused is None else "".join(refused)
+        return Completion(choices=self.choices, usage=self.usage, served=self.served)
 
 
 def answer_too_large(limit: int) -> BadGateway:

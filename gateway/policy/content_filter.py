@@ -10,11 +10,13 @@ import re
 
 from gateway.config import ContentFilter, FilterRules
 from gateway.core.canonical import (
+    Event,
     EventStream,
     Finish,
     RefusalDelta,
     TextDelta,
     ToolCallDelta,
+    each,
     prompt_text,
 )
 from gateway.core.errors import ContentFiltered
@@ -38,28 +40,29 @@ class Filter:
                 code="content_filter",
             )
 
-    async def screen(self, events: EventStream) -> EventStream:
+    async def screen(self, items: EventStream) -> EventStream:
         """Pass events through, ending a choice at the first filtered text."""
         assert self.output is not None, "stack screen() only when there are output rules"
         seen: dict[int, str] = {}
         stopped: set[int] = set()
-        async for event in events:
-            if (
-                isinstance(event, TextDelta | RefusalDelta | ToolCallDelta | Finish)
-                and event.index in stopped
-            ):
-                continue
-            if isinstance(event, TextDelta):
-                index = event.index
-                before = seen.get(index, "")
-                text = before + event.text
-                match = self.output.search(text, max(0, len(before) - 200))
-                if match:
-                    stopped.add(index)
-                    keep = max(0, match.start() - len(before))
-                    if keep:
-                        yield TextDelta(index, event.text[:keep], None)
-                    yield Finish(index, "content_filter")
-                    continue
-                seen[index] = text
-            yield event
+        async for item in items:
+            if screened := [out for event in each(item) for out in self.screened(event, seen, stopped)]:
+                yield screened
+
+    def screened(self, event: Event, seen: dict[int, str], stopped: set[int]) -> list[Event]:
+        """One event through the output rules: as it is, cut short, or not at all."""
+        assert self.output is not None
+        if isinstance(event, TextDelta | RefusalDelta | ToolCallDelta | Finish) and event.index in stopped:
+            return []
+        if isinstance(event, TextDelta):
+            index = event.index
+            before = seen.get(index, "")
+            text = before + event.text
+            match = self.output.search(text, max(0, len(before) - 200))
+            if match:
+                stopped.add(index)
+                keep = max(0, match.start() - len(before))
+                finish = Finish(index, "content_filter")
+                return [TextDelta(index, event.text[:keep], None), finish] if keep else [finish]
+            seen[index] = text
+        return [event]
