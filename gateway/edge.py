@@ -99,6 +99,7 @@ class EdgeProtocol(HttpToolsProtocol):
         self.in_headers = True  # between a request's first byte (or the connection) and its headers
         self.header_bytes_received = 0
         self.reading_timer: asyncio.TimerHandle | None = None
+        self.reading: tuple[float, float, str] | None = None  # (deadline, seconds, what)
         self.refused = False
 
     # ----- connections ---------------------------------------------------------------------
@@ -115,7 +116,7 @@ class EdgeProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self.refused:
             return
-        self.stop_timer()
+        self.cancel_timer()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -150,7 +151,7 @@ class EdgeProtocol(HttpToolsProtocol):
 
     def answer(self, status: int, message: str) -> None:
         """Answer from the edge, in the shape of the path's dialect, and close."""
-        self.stop_timer()
+        self.cancel_timer()
         if self.transport.is_closing():
             return
         path = self.path_so_far()
@@ -210,16 +211,38 @@ class EdgeProtocol(HttpToolsProtocol):
     # ----- time limits -----------------------------------------------------------------------
 
     def start_timer(self, seconds: float, what: str) -> None:
-        self.stop_timer()
-        self.reading_timer = self.loop.call_later(seconds, self.too_slow, seconds, what)
+        """Time what is being read now. One timer per connection, re-armed lazily (when it
+        fires early for a deadline that moved on): not a timer made and cancelled per request."""
+        deadline = self.loop.time() + seconds
+        self.reading = (deadline, seconds, what)
+        timer = self.reading_timer
+        if timer is None or timer.when() > deadline:
+            if timer is not None:
+                timer.cancel()
+            self.reading_timer = self.loop.call_at(deadline, self.check_reading)
 
     def stop_timer(self) -> None:
+        """Nothing is being read: the armed timer, when it fires, finds nothing to time."""
+        self.reading = None
+
+    def cancel_timer(self) -> None:
+        self.reading = None
         if self.reading_timer is not None:
             self.reading_timer.cancel()
             self.reading_timer = None
 
-    def too_slow(self, seconds: float, what: str) -> None:
+    def check_reading(self) -> None:
         self.reading_timer = None
+        if self.reading is None:
+            return
+        deadline, seconds, what = self.reading
+        if self.loop.time() < deadline:
+            self.reading_timer = self.loop.call_at(deadline, self.check_reading)
+            return
+        self.reading = None
+        self.too_slow(seconds, what)
+
+    def too_slow(self, seconds: float, what: str) -> None:
         if self.transport.is_closing():
             return
         if self.cycle is not None and self.cycle.response_started:

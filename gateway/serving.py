@@ -215,6 +215,7 @@ def run_worker(options: ServeOptions, sock: socket.socket, supervisor: int | Non
         access_log=False,
         # nothing reads the client's address or scheme: no X-Forwarded-* rewriting per request
         proxy_headers=False,
+        ws="none",  # no WebSocket routes: its library is not even imported (a few MB of RSS)
         loop="uvloop",
         http=edge,  # type: ignore[arg-type]
         lifespan="on",
