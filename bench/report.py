@@ -25,7 +25,7 @@ CONTENDERS = {  # key → label, in table order
     "traced": "chatgate → nginx, tracing on",
     "sampled": "chatgate → nginx, 1 in 10 traced",
     "workers2": "chatgate → nginx, 2 workers",
-    "litellm": "LiteLLM proxy 1.80.0 → nginx",
+    "litellm": "LiteLLM 1.80.0 → nginx",
 }
 STREAM_SOURCES = {"direct": "nginx, direct", "floor": "Python floor", "chatgate": "chatgate → nginx"}
 CAPPED_LABELS = {"upstream": {"workers": "chatgate → nginx, 1 worker"}}  # where a section renames
@@ -402,7 +402,7 @@ def render_capped(results: Results) -> list[str]:
             lines.append(f"{label:<34}{point_cells(figures).rstrip()}")
             if abs(missed := rate_missed_by(figures)) > RATE_TOLERANCE:
                 lines.append(
-                    f"    ! {label} missed the rate asked by {missed:+.0%} "
+                    f"    ! {label} missed the rate asked by {missed:+.1%} "
                     f"(more than ±{RATE_TOLERANCE:.0%}): no figure at that rate"
                 )
             if split := process_split(figures):
@@ -481,8 +481,8 @@ def render_ratios(results: Results) -> list[str]:
     verdicts = [row["verdict"] for row in results["ratios"]]
     lines.append(
         f"goals held: {verdicts.count('PASS')} of {verdicts.count('PASS') + verdicts.count('FAIL')} "
-        f"measured; {verdicts.count('ERROR')} measurements invalid (ERROR), "
-        f"{verdicts.count('n/a')} not measured (n/a) ({results['meta']['elapsed_s']:.0f} s run)"
+        f"measured · ERROR (measured, not valid): {verdicts.count('ERROR')} · "
+        f"n/a (not measured): {verdicts.count('n/a')} · {results['meta']['elapsed_s']:.0f} s run"
     )
     if "litellm" not in results.get("http", {}):
         lines.append("    LiteLLM is measured only with --with-litellm")
@@ -507,7 +507,7 @@ def draw_chart(results: Results, path: Path) -> None:
     keys = [k for k in CONTENDERS if point(results, k, 1) or point(results, k, 32)]
     labels = [CONTENDERS[k].replace(", ", ",\n").replace(" → ", "\n→ ").replace(" (", "\n(") for k in keys]
     positions = range(len(keys))
-    figure_, (left, right) = plt.subplots(1, 2, figsize=(14, 5.5))
+    figure_, (left, right) = plt.subplots(1, 2, figsize=(max(14, 1.9 * len(keys)), 5.5))
     width = 0.38
     for offset, connections in ((-width / 2, 1), (width / 2, 32)):
         values = [figure(results, k, connections, "rps") or 0 for k in keys]

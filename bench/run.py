@@ -361,7 +361,7 @@ class Bench:
         for key, figures in entry["points"].items():
             missed = report.rate_missed_by(figures)
             if abs(missed) > report.RATE_TOLERANCE:
-                self.say(f"capped load, {section}: {key} missed the rate by {missed:+.0%}: NOT A FIGURE")
+                self.say(f"capped load, {section}: {key} missed the rate by {missed:+.1%}: NOT A FIGURE")
         self.results["capped"][section] = entry
 
     def first_chunks(self, sources: dict[str, Contender]) -> None:
