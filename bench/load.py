@@ -118,6 +118,10 @@ class WrkRun:
     def result(self) -> WrkResult:
         try:
             stdout, stderr = self.process.communicate(timeout=self.seconds + 60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise
         finally:
             self.script.unlink(missing_ok=True)
         match = re.search(rf"^{RESULT_MARK} (.*)$", stdout, re.MULTILINE)

@@ -301,10 +301,6 @@ def format_value(value: float | None, unit: str) -> str:
     return f"{value:,.0f}{unit}"
 
 
-def cell(value: float | None, spec: str, width: int) -> str:
-    return f"{'—' if value is None else format(value, spec):>{width}}"
-
-
 def render(results: Results) -> str:
     sections = (render_http, render_capped, render_streams, render_memory, render_ratios)
     return "\n".join(line for section in sections for line in section(results))
