@@ -3,6 +3,12 @@
 wrk runs one thread (its core is shared with the upstream nginx) and reports through a Lua
 `done` hook, so figures come from wrk's own counters, not from parsing its text. Every run
 also counts socket errors and non-2xx answers: a figure with errors is not a figure.
+
+A run can be capped at a request rate. wrk has no such option (wrk2 is not packaged here), but
+its Lua hook `delay()` is asked before every request how many milliseconds to wait: the script
+keeps one schedule of a slot every 1/rate seconds, and each request waits for the next free
+slot. wrk's timers have a resolution of 1 ms, so requests leave on millisecond ticks, about
+rate/1000 at a time. The rate actually reached is requests / duration, and the caller checks it.
 """
 
 from __future__ import annotations
@@ -32,6 +38,28 @@ function done(summary, latency, requests)
     latency:percentile(50), latency:percentile(90), latency:percentile(99)))
 end
 """
+# A schedule for a capped rate; wrk's LuaJIT reads the monotonic clock through its FFI
+# (os.clock is CPU time and os.time has whole seconds).
+RATE_LUA = """\
+local ffi = require("ffi")
+ffi.cdef[[
+typedef struct { long tv_sec; long tv_nsec; } bench_timespec;
+int clock_gettime(int clock_id, bench_timespec *now);
+]]
+local clock = ffi.new("bench_timespec")
+local next_slot = nil
+
+local function now_ms()
+  ffi.C.clock_gettime(1, clock)  -- CLOCK_MONOTONIC
+  return tonumber(clock.tv_sec) * 1000 + tonumber(clock.tv_nsec) / 1e6
+end
+
+function delay()
+  local now = now_ms()
+  next_slot = (next_slot or now) + interval_ms
+  return math.max(0, next_slot - now)
+end
+"""
 
 
 @dataclass(frozen=True)
@@ -44,42 +72,68 @@ class WrkResult:
     p90_ms: float
     p99_ms: float
     errors: int  # connect/read/write/timeout errors plus non-2xx/3xx answers
+    rate: float | None = None  # requests/s asked for; None: as fast as the server answers
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def lua_script(body: bytes, headers: dict[str, str]) -> str:
+def lua_script(body: bytes, headers: dict[str, str], rate: float | None = None) -> str:
     lines = [f'wrk.headers["{name}"] = "{value}"' for name, value in headers.items()]
-    return LUA.format(body=body.decode(), headers="\n".join(lines), mark=RESULT_MARK)
+    script = LUA.format(body=body.decode(), headers="\n".join(lines), mark=RESULT_MARK)
+    if rate is None:
+        return script
+    return f"local interval_ms = {1000 / rate!r}\n{RATE_LUA}{script}"
 
 
-def wrk(
-    url: str,
-    body: bytes,
-    headers: dict[str, str],
-    connections: int,
-    seconds: float,
-    core: str | None,
-) -> WrkResult:
-    """One wrk run of `seconds` (whole seconds, at least 1)."""
-    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
-        script.write(lua_script(body, headers))
-    command = [
-        "wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s",
-        f"--timeout={WRK_TIMEOUT}", "-s", script.name, url,
-    ]  # fmt: skip
-    if core is not None:
-        command = ["taskset", "-c", core, *command]
-    try:
-        run = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 60)
-    finally:
-        Path(script.name).unlink(missing_ok=True)
-    match = re.search(rf"^{RESULT_MARK} (.*)$", run.stdout, re.MULTILINE)
-    if run.returncode != 0 or match is None:
-        raise RuntimeError(f"wrk failed ({run.returncode}): {run.stdout[-500:]} {run.stderr[-500:]}")
+class WrkRun:
+    """One wrk run, started at once in the background; `result()` waits for its figures.
+
+    `seconds` is rounded to whole seconds (at least 1), as wrk takes them."""
+
+    def __init__(
+        self,
+        url: str,
+        body: bytes,
+        headers: dict[str, str],
+        connections: int,
+        seconds: float,
+        core: str | None,
+        rate: float | None = None,
+    ) -> None:
+        self.connections = connections
+        self.seconds = max(1, round(seconds))
+        self.rate = rate
+        with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
+            script.write(lua_script(body, headers, rate))
+        self.script = Path(script.name)
+        command = [
+            "wrk", "-t1", f"-c{connections}", f"-d{self.seconds}s",
+            f"--timeout={WRK_TIMEOUT}", "-s", script.name, url,
+        ]  # fmt: skip
+        if core is not None:
+            command = ["taskset", "-c", core, *command]
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def result(self) -> WrkResult:
+        try:
+            stdout, stderr = self.process.communicate(timeout=self.seconds + 60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise
+        finally:
+            self.script.unlink(missing_ok=True)
+        match = re.search(rf"^{RESULT_MARK} (.*)$", stdout, re.MULTILINE)
+        if self.process.returncode != 0 or match is None:
+            raise RuntimeError(f"wrk failed ({self.process.returncode}): {stdout[-500:]} {stderr[-500:]}")
+        return parse_result(match.group(1), self.connections, self.rate)
+
+
+def parse_result(line: str, connections: int, rate: float | None) -> WrkResult:
+    """The figures the Lua `done` hook printed: counts, duration (µs) and percentiles (µs)."""
     requests, duration_us, connect, read, write, status, timeout, p50, p90, p99 = (
-        int(float(x)) for x in match.group(1).split()
+        int(float(x)) for x in line.split()
     )
     seconds_run = duration_us / 1e6
     return WrkResult(
@@ -91,7 +145,21 @@ def wrk(
         p90_ms=p90 / 1000,
         p99_ms=p99 / 1000,
         errors=connect + read + write + status + timeout,
+        rate=rate,
     )
+
+
+def wrk(
+    url: str,
+    body: bytes,
+    headers: dict[str, str],
+    connections: int,
+    seconds: float,
+    core: str | None,
+    rate: float | None = None,
+) -> WrkResult:
+    """One wrk run of `seconds`, waited for."""
+    return WrkRun(url, body, headers, connections, seconds, core, rate).result()
 
 
 # ----- streams ------------------------------------------------------------------------------

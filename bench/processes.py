@@ -13,6 +13,8 @@ from pathlib import Path
 
 import httpx
 
+from bench.connections import connections_by_worker
+
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 START_TIMEOUT = 60.0
 
@@ -78,6 +80,11 @@ class Server:
     def cpu_by_process(self) -> dict[int, float]:
         return {pid: process_cpu_seconds(pid) for pid in process_tree(self.process.pid)}
 
+    def connections_by_worker(self) -> list[int]:
+        """Established connections held by each worker: the descendants that listen on the port
+        (not the supervisor, which keeps the workers' listening sockets too)."""
+        return connections_by_worker(process_tree(self.process.pid)[1:], self.port)
+
     def log_tail(self, lines: int = 30) -> str:
         try:
             return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
@@ -102,6 +109,7 @@ def start_server(
     ready: Callable[[], bool],
     cwd: Path,
     env: dict[str, str] | None = None,
+    timeout: float = START_TIMEOUT,
 ) -> Server:
     with log.open("wb") as sink:
         process = subprocess.Popen(
@@ -113,7 +121,7 @@ def start_server(
             stderr=subprocess.STDOUT,
         )
     server = Server(name, port, process, log)
-    deadline = time.monotonic() + START_TIMEOUT
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise StartError(f"{name} exited with {process.returncode}:\n{server.log_tail()}")
@@ -121,7 +129,7 @@ def start_server(
             return server
         time.sleep(0.1)
     server.stop()
-    raise StartError(f"{name} was not ready after {START_TIMEOUT:.0f} s:\n{server.log_tail()}")
+    raise StartError(f"{name} was not ready after {timeout:.0f} s:\n{server.log_tail()}")
 
 
 def process_tree(pid: int) -> list[int]:

@@ -7,6 +7,7 @@ so the table, the JSON and the chart can never disagree.
 from __future__ import annotations
 
 import operator
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,8 +25,11 @@ CONTENDERS = {  # key → label, in table order
     "traced": "chatgate → nginx, tracing on",
     "sampled": "chatgate → nginx, 1 in 10 traced",
     "workers2": "chatgate → nginx, 2 workers",
+    "litellm": "LiteLLM 1.80.0 → nginx",
 }
 STREAM_SOURCES = {"direct": "nginx, direct", "floor": "Python floor", "chatgate": "chatgate → nginx"}
+CAPPED_LABELS = {"upstream": {"workers": "chatgate → nginx, 1 worker"}}  # where a section renames
+RATE_TOLERANCE = 0.10  # a capped point off its asked rate by more than this is not a figure
 
 BUSY_WARNING = 0.10  # share of all CPUs busy before the run above which figures are noisy
 Results = dict[str, Any]
@@ -43,6 +47,57 @@ def point(results: Results, contender: str, connections: int) -> dict[str, Any] 
 def figure(results: Results, contender: str, connections: int, name: str) -> float | None:
     found = point(results, contender, connections)
     return None if found is None else found[name]
+
+
+def cpu_per_request(figures: dict[str, Any]) -> float:
+    """Microseconds of the server's CPU per request answered (the median over the rounds)."""
+    if "cpu_us_per_request" in figures:
+        return figures["cpu_us_per_request"]
+    return figures["server_cpu"] / figures["rps"] * 1e6 if figures["rps"] else 0.0  # older results
+
+
+def cpu_us(results: Results, contender: str, connections: int) -> float | None:
+    found = point(results, contender, connections)
+    return None if found is None else cpu_per_request(found)
+
+
+def rate_missed_by(figures: dict[str, Any]) -> float:
+    """How far a capped point's rate reached is from the rate asked, as a share of it (signed)."""
+    return figures["rps"] / figures["rate"] - 1
+
+
+def capped_point(results: Results, section: str, contender: str) -> dict[str, Any] | None:
+    """A capped point that ran without errors at (within 10 % of) the rate asked, else None."""
+    found = (((results.get("capped") or {}).get(section) or {}).get("points") or {}).get(contender)
+    if not found or found.get("errors") or abs(rate_missed_by(found)) > RATE_TOLERANCE:
+        return None
+    return found
+
+
+def rate_missed(section: str, contenders: tuple[str, ...]) -> Callable[[Results], str | None]:
+    """What makes a capped goal's measurement invalid: a contender off the rate asked by more
+    than 10 % (one that cannot keep up has no latency at that rate), else None."""
+
+    def check(results: Results) -> str | None:
+        points = ((results.get("capped") or {}).get(section) or {}).get("points") or {}
+        missed = [
+            f"{CONTENDERS[key]} reached {found['rps']:,.0f} of the {found['rate']:,.0f} req/s asked"
+            for key in contenders
+            if (found := points.get(key)) and abs(rate_missed_by(found)) > RATE_TOLERANCE
+        ]
+        return "; ".join(missed) or None
+
+    return check
+
+
+def capped(section: str, contender: str, name: str) -> Callable[[Results], float | None]:
+    def compute(results: Results) -> float | None:
+        found = capped_point(results, section, contender)
+        if found is None:
+            return None
+        return cpu_per_request(found) if name == "cpu_us_per_request" else found[name]
+
+    return compute
 
 
 def ratio(numerator: float | None, denominator: float | None) -> float | None:
@@ -72,14 +127,36 @@ def rss_growth(results: Results) -> float | None:
     return ratio(difference(memory.get("after_mb"), memory.get("warm_mb")), memory.get("warm_mb"))
 
 
+def worst_deviation(counts: list[int]) -> float | None:
+    """How far the furthest worker is from an even share, as a share of it (20 of 32 over two: 25 %)."""
+    total = sum(counts)
+    if len(counts) < 2 or not total:
+        return None
+    even = total / len(counts)
+    return max(abs(count - even) for count in counts) / even
+
+
+def connection_spread(results: Results) -> float | None:
+    """The median over the rounds of the worst worker's deviation from an even share.
+
+    The kernel spreads SO_REUSEPORT connections by a hash of their addresses, so one run of
+    32 connections over two workers is a coin toss per connection (16 ± 2.8): the median of the
+    rounds says how it usually falls; the table shows every round."""
+    section = (results.get("capped") or {}).get("workers") or {}
+    deviations = [worst_deviation(counts) for counts in section.get("connections_by_worker") or ()]
+    found = [deviation for deviation in deviations if deviation is not None]
+    return statistics.median(found) if found else None
+
+
 @dataclass(frozen=True)
 class Ratio:
     key: str
     label: str
     compute: Callable[[Results], float | None]
-    unit: str = "×"  # "×", "%" (a share), "ms", "MB", "/s"
+    unit: str = "×"  # "×", "%" (a share), "ms", "µs", "MB", "/s"
     goal: float | None = None
     holds: Callable[[float, float], bool] = operator.ge
+    invalid: Callable[[Results], str | None] | None = None  # why a measurement is not one: ERROR
 
     @property
     def goal_text(self) -> str:
@@ -101,49 +178,89 @@ def added_p50(contender: str, base: str) -> Callable[[Results], float | None]:
     return lambda r: difference(figure(r, contender, 1, "p50_ms"), figure(r, base, 1, "p50_ms"))
 
 
+def capped_added_p99(contender: str) -> Callable[[Results], float | None]:
+    return lambda r: difference(
+        capped("latency", contender, "p99_ms")(r), capped("latency", "direct", "p99_ms")(r)
+    )
+
+
+def cpu_per_request_of(contender: str, connections: int = 32) -> Callable[[Results], float | None]:
+    return lambda r: cpu_us(r, contender, connections)
+
+
+def own_work(results: Results) -> float | None:
+    """CPU µs per request chatgate spends beyond the floor on the same upstream client: its own."""
+    return difference(cpu_us(results, "upstream", 32), cpu_us(results, "floor", 32))
+
+
+def workers_cpu_ratio(results: Results) -> float | None:
+    """2 workers' CPU per request over 1 worker's, both at the same capped rate."""
+    return ratio(
+        capped("workers", "workers2", "cpu_us_per_request")(results),
+        capped("workers", "upstream", "cpu_us_per_request")(results),
+    )
+
+
+AT_MOST, BELOW = operator.le, operator.lt
 RATIOS = [
-    Ratio("upstream_over_floor_c32", "chatgate/floor req/s, c=32", rps_ratio("upstream", "floor"), "%", 0.60),
+    Ratio("own_work_us_c32", "chatgate's own work: µs/req over floor, c=32", own_work, "µs", 100, AT_MOST),
+    Ratio("upstream_over_floor_c32", "chatgate/floor req/s, c=32", rps_ratio("upstream", "floor"), "%"),
     Ratio("upstream_over_floor_c1", "chatgate/floor req/s, c=1", rps_ratio("upstream", "floor", 1), "%"),
     Ratio("upstream_over_direct_c32", "chatgate/direct req/s, c=32", rps_ratio("upstream", "direct"), "%"),
     Ratio("upstream_over_direct_c1", "chatgate/direct req/s, c=1", rps_ratio("upstream", "direct", 1), "%"),
-    Ratio(
-        "added_p50_c1_ms", "chatgate p50 over direct, c=1", added_p50("upstream", "direct"), "ms",
-        1.0, operator.le,
-    ),
+    Ratio("echo_us_c32", "chatgate, echo: CPU µs/req, c=32", cpu_per_request_of("echo"), "µs", 100, AT_MOST),
+    Ratio("over_litellm_c32", "chatgate/LiteLLM req/s, c=32", rps_ratio("upstream", "litellm"), "×", 50),
+    Ratio("over_litellm_c1", "chatgate/LiteLLM req/s, c=1", rps_ratio("upstream", "litellm", 1), "×", 30),
+    Ratio("added_p50_c1_ms", "chatgate p50 over direct, c=1", added_p50("upstream", "direct"), "ms"),
     Ratio("floor_added_p50_c1_ms", "floor p50 over direct, c=1", added_p50("floor", "direct"), "ms"),
-    Ratio("echo_over_upstream_c32", "echo/upstream req/s, c=32", rps_ratio("echo", "upstream"), "×", 2.0),
     Ratio(
-        "policy_over_no_policy_c32", "policy on/off req/s, c=32", rps_ratio("policy", "upstream"), "%",
-        0.90,
+        "added_p50_over_floor_c1_ms", "chatgate p50 over floor, c=1", added_p50("upstream", "floor"), "ms",
+        0.10, AT_MOST,
     ),
     Ratio(
-        "traced_over_untraced_c32", "tracing on/off req/s, c=32", rps_ratio("traced", "upstream"), "%",
-        0.85,
+        "capped_added_p99_ms", "capped: chatgate p99 over direct", capped_added_p99("upstream"), "ms",
+        1.0, AT_MOST, rate_missed("latency", ("direct", "upstream")),
+    ),
+    Ratio("capped_floor_added_p99_ms", "capped: floor p99 over direct", capped_added_p99("floor"), "ms"),
+    Ratio(
+        "policy_over_no_policy_c32", "policy on/off req/s, c=32", rps_ratio("policy", "upstream"), "%", 0.90
     ),
     Ratio(
-        "sampled_over_untraced_c32", "1 in 10 traced/off req/s, c=32", rps_ratio("sampled", "upstream"),
-        "%",
+        "traced_over_untraced_c32", "tracing on/off req/s, c=32", rps_ratio("traced", "upstream"), "%", 0.85
+    ),
+    Ratio(
+        "sampled_over_untraced_c32", "1 in 10 traced/off req/s, c=32", rps_ratio("sampled", "upstream"), "%"
     ),
     Ratio(
         "added_first_chunk_p50_ms", "chatgate first chunk over direct, p50",
-        lambda r: difference(ttfb(r, "chatgate"), ttfb(r, "direct")), "ms", 1.0, operator.le,
+        lambda r: difference(ttfb(r, "chatgate"), ttfb(r, "direct")), "ms", 0.3, AT_MOST,
     ),
-    Ratio("relayed_chunks_per_core_s", "chunks relayed per core-second", relay_per_core, "/s", 20_000),
-    Ratio("rss_growth", "RSS growth over the requests", rss_growth, "%", 0.05, operator.lt),
+    Ratio("relayed_chunks_per_core_s", "chunks relayed per core-second", relay_per_core, "/s", 60_000),
+    Ratio("rss_growth", "RSS growth over the requests", rss_growth, "%", 0.02, BELOW),
+    Ratio("idle_rss_mb", "idle RSS", lambda r: (r.get("memory") or {}).get("idle_mb"), "MB", 70, AT_MOST),
     Ratio(
-        "idle_rss_mb", "idle RSS", lambda r: (r.get("memory") or {}).get("idle_mb"), "MB", 120,
-        operator.le,
+        "workers_connection_spread", "2 workers: connections off even share", connection_spread, "%",
+        0.20, AT_MOST,
     ),
-    Ratio("workers2_over_1_c32", "2 workers/1 worker, c=32", rps_ratio("workers2", "upstream"), "×", 1.7),
+    Ratio(
+        "workers2_cpu_over_1", "2 workers/1 worker CPU µs/req, capped", workers_cpu_ratio, "×",
+        1.10, AT_MOST, rate_missed("workers", ("upstream", "workers2")),
+    ),
+    Ratio("workers2_over_1_c32", "2 workers/1 worker req/s, c=32", rps_ratio("workers2", "upstream"), "×"),
 ]  # fmt: skip
 
 
 def evaluate(results: Results) -> list[dict[str, Any]]:
+    """Every ratio with its verdict: PASS or FAIL; n/a when not measured in this run (a contender
+    not run, or a figure with errors); ERROR when measured but not valid (a capped rate missed)."""
     rows = []
     for item in RATIOS:
         value = item.compute(results)
+        error = item.invalid(results) if item.invalid else None
         verdict = None
-        if item.goal is not None:
+        if item.goal is not None and error:
+            verdict = "ERROR"
+        elif item.goal is not None:
             verdict = "n/a" if value is None else ("PASS" if item.holds(value, item.goal) else "FAIL")
         rows.append(
             {
@@ -154,17 +271,13 @@ def evaluate(results: Results) -> list[dict[str, Any]]:
                 "goal": item.goal,
                 "goal_text": item.goal_text,
                 "verdict": verdict,
+                "error": error,
             }
         )
     return rows
 
 
 # ----- text ---------------------------------------------------------------------------------
-
-
-def cpu_per_request(figures: dict[str, Any]) -> float:
-    """Microseconds of the server's CPU per request answered."""
-    return figures["server_cpu"] / figures["rps"] * 1e6 if figures["rps"] else 0.0
 
 
 def cpu_per_stream(relay: dict[str, Any]) -> float:
@@ -180,23 +293,26 @@ def format_value(value: float | None, unit: str) -> str:
     if unit == "×":
         return f"{value:.2f}×"
     if unit == "ms":
-        return f"{value:.2f} ms"
+        return f"{value:.2f} ms" if abs(value) >= 1 else f"{value:.3f} ms"
+    if unit == "µs":
+        return f"{value:,.0f} µs"
     if unit == "MB":
         return f"{value:.1f} MB"
     return f"{value:,.0f}{unit}"
 
 
-def cell(value: float | None, spec: str, width: int) -> str:
-    return f"{'—' if value is None else format(value, spec):>{width}}"
-
-
 def render(results: Results) -> str:
+    sections = (render_http, render_capped, render_streams, render_memory, render_ratios)
+    return "\n".join(line for section in sections for line in section(results))
+
+
+def render_http(results: Results) -> list[str]:
     meta = results["meta"]
     lines = [
         f"chatgate bench · {meta['mode']} · medians of {meta.get('rounds', 1)} interleaved rounds of "
         f"{meta['seconds_per_point']:g} s per point · "
         f"servers on CPU {meta['server_cores']}, wrk/nginx/clients on CPU {meta['load_cores']} · "
-        f"{meta['started']}",
+        f"{meta['started']} · commit {meta.get('chatgate_commit', '?')}",
         *(
             [f"the machine was {meta['busy_before']:.0%} busy before the run: figures are noisy"]
             if meta.get("busy_before", 0) > BUSY_WARNING
@@ -211,19 +327,12 @@ def render(results: Results) -> str:
         if entry is None:
             continue
         if entry.get("error"):
-            lines.append(f"{label:<34}error: {entry['error'].splitlines()[0][:80]}")
+            lines.append(f"{label:<34}error: {entry['error'].splitlines()[0][:100]}")
             continue
         row = f"{label:<34}"
         for connections in CONNECTIONS:
             figures = entry["points"].get(str(connections))
-            if figures is None:
-                row += f"{'—':>9}{'—':>8}{'—':>8}{'—':>6}{'—':>7}  "
-                continue
-            flag = "!" if figures["errors"] else ""
-            row += (
-                f"{figures['rps']:>9,.0f}{figures['p50_ms']:>8.2f}{figures['p99_ms']:>8.2f}"
-                f"{figures['server_cpu']:>5.0%}{flag or ' '}{cpu_per_request(figures):>7.0f}  "
-            )
+            row += point_cells(figures) if figures else f"{'—':>9}{'—':>8}{'—':>8}{'—':>6}{'—':>7}  "
         lines.append(row.rstrip())
     flagged = [
         f"{CONTENDERS[key]} c={c}: {figures['errors']} errors"
@@ -239,11 +348,79 @@ def render(results: Results) -> str:
     )
     for key, entry in results["http"].items():
         for c, figures in (entry.get("points") or {}).items():
-            shares = [share for share in figures.get("server_cpu_by_process", ()) if share >= 0.01]
-            if key != "direct" and len(shares) > 1:
-                split = " + ".join(f"{share:.0%}" for share in shares)
+            split = process_split(figures)
+            if key != "direct" and split:
                 lines.append(f"    {CONTENDERS[key]}, c={c}: cpu by process {split}")
+    return lines
 
+
+def point_cells(figures: dict[str, Any]) -> str:
+    flag = "!" if figures["errors"] else " "
+    return (
+        f"{figures['rps']:>9,.0f}{figures['p50_ms']:>8.2f}{figures['p99_ms']:>8.2f}"
+        f"{figures['server_cpu']:>5.0%}{flag}{cpu_per_request(figures):>7.0f}  "
+    )
+
+
+def process_split(figures: dict[str, Any]) -> str:
+    """'58% + 53%' for a server of several busy processes, '' for one."""
+    shares = [share for share in figures.get("server_cpu_by_process", ()) if share >= 0.01]
+    return " + ".join(f"{share:.0%}" for share in shares) if len(shares) > 1 else ""
+
+
+CAPPED_TITLES = {
+    "latency": "Capped load, latency",
+    "workers": "Capped load, scale-out",
+}
+CAPPED_NOTES = {
+    "workers": "the 2 workers run on both CPUs, sharing CPU {load} with wrk and the upstream nginx; "
+    "1 worker runs on CPU {server} alone",
+}
+
+
+def render_capped(results: Results) -> list[str]:
+    lines: list[str] = []
+    for name, section in (results.get("capped") or {}).items():
+        title = CAPPED_TITLES.get(name, name)
+        lines.append("")
+        if section.get("error"):
+            lines.append(f"{title}: error: {section['error']}")
+            continue
+        basis = section["basis"]
+        lines += [
+            f"{title}: {section['connections']} connections at {section['rate']:,.0f} req/s = "
+            f"{basis['share']:.0%} of {CONTENDERS[basis['of']]}'s {basis['rps']:,.0f} req/s at c=32 "
+            f"({section['seconds']:g} s × {section['rounds']} rounds)",
+            f"{'contender':<34}{'reached':>9}{'p50 ms':>8}{'p99 ms':>8}{'cpu':>6}{'µs/req':>7}",
+        ]
+        for key, figures in section["points"].items():
+            label = CAPPED_LABELS.get(key, {}).get(name, CONTENDERS[key])
+            lines.append(f"{label:<34}{point_cells(figures).rstrip()}")
+            if abs(missed := rate_missed_by(figures)) > RATE_TOLERANCE:
+                lines.append(
+                    f"    ! {label} missed the rate asked by {missed:+.1%} "
+                    f"(more than ±{RATE_TOLERANCE:.0%}): no figure at that rate"
+                )
+            if split := process_split(figures):
+                lines.append(f"    {label}: cpu by process {split}")
+        for key, message in (section.get("errors") or {}).items():
+            lines.append(f"{CONTENDERS[key]}: error: {message.splitlines()[0][:100]}")
+        if name in CAPPED_NOTES:
+            meta = results["meta"]
+            lines.append(
+                "    " + CAPPED_NOTES[name].format(load=meta["load_cores"], server=meta["server_cores"])
+            )
+        if by_round := section.get("connections_by_worker"):
+            counts = " · ".join("+".join(str(count) for count in counts) for counts in by_round)
+            lines.append(f"    connections per worker while wrk ran, by round: {counts}")
+        lines.append(
+            f"    wrk's timers tick each ms: requests leave about {section['rate'] / 1000:.0f} at a time"
+        )
+    return lines
+
+
+def render_streams(results: Results) -> list[str]:
+    lines: list[str] = []
     streaming = results.get("streaming") or {}
     first_chunk = streaming.get("first_chunk") or {}
     if first_chunk:
@@ -269,30 +446,43 @@ def render(results: Results) -> str:
             f"{relay['chunks_per_stream']:.0f} chunks/stream, {relay['errors']} errors, "
             f"client cpu {relay['client_cpu']:.0%}; chatgate cpu per stream {cpu_per_stream(relay):,.0f} µs"
         )
-    memory = results.get("memory")
-    if memory:
-        if memory.get("error"):
-            lines += ["", f"Memory: error: {memory['error']}"]
-        else:
-            lines += [
-                "",
-                f"Memory (chatgate → nginx, VmRSS): idle {memory['idle_mb']:.1f} MB · after warm-up "
-                f"{memory['warm_mb']:.1f} MB · after {memory['requests']:,} more requests "
-                f"{memory['after_mb']:.1f} MB",
-            ]
-            if memory["requests"] < memory["target_requests"]:
-                lines.append(
-                    f"    (short of the {memory['target_requests']:,} aimed at: the time cap came first)"
-                )
+    return lines
 
-    lines += ["", f"{'ratio':<42}{'value':>12}  {'goal':<12}verdict"]
+
+def render_memory(results: Results) -> list[str]:
+    memory = results.get("memory")
+    if not memory:
+        return []
+    if memory.get("error"):
+        return ["", f"Memory: error: {memory['error']}"]
+    lines = [
+        "",
+        f"Memory (chatgate → nginx, VmRSS): idle {memory['idle_mb']:.1f} MB · after warm-up "
+        f"{memory['warm_mb']:.1f} MB · after {memory['requests']:,} more requests "
+        f"{memory['after_mb']:.1f} MB",
+    ]
+    if memory["requests"] < memory["target_requests"]:
+        lines.append(f"    (short of the {memory['target_requests']:,} aimed at: the time cap came first)")
+    return lines
+
+
+def render_ratios(results: Results) -> list[str]:
+    lines = ["", f"{'ratio':<46}{'value':>12}  {'goal':<13}verdict"]
     for row in results["ratios"]:
         value = format_value(row["value"], row["unit"])
-        lines.append(f"{row['label']:<42}{value:>12}  {row['goal_text']:<12}{row['verdict'] or ''}".rstrip())
-    held = [r for r in results["ratios"] if r["verdict"] == "PASS"]
-    judged = [r for r in results["ratios"] if r["verdict"] in ("PASS", "FAIL")]
-    lines.append(f"goals held: {len(held)} of {len(judged)} measured ({meta['elapsed_s']:.0f} s run)")
-    return "\n".join(lines)
+        lines.append(f"{row['label']:<46}{value:>12}  {row['goal_text']:<13}{row['verdict'] or ''}".rstrip())
+    for row in results["ratios"]:
+        if row.get("error"):
+            lines.append(f"    ERROR, {row['label']}: {row['error']}")
+    verdicts = [row["verdict"] for row in results["ratios"]]
+    lines.append(
+        f"goals held: {verdicts.count('PASS')} of {verdicts.count('PASS') + verdicts.count('FAIL')} "
+        f"measured · ERROR (measured, not valid): {verdicts.count('ERROR')} · "
+        f"n/a (not measured): {verdicts.count('n/a')} · {results['meta']['elapsed_s']:.0f} s run"
+    )
+    if "litellm" not in results.get("http", {}):
+        lines.append("    LiteLLM is measured only with --with-litellm")
+    return lines
 
 
 def write_json(results: Results, path: Path) -> None:
@@ -313,7 +503,7 @@ def draw_chart(results: Results, path: Path) -> None:
     keys = [k for k in CONTENDERS if point(results, k, 1) or point(results, k, 32)]
     labels = [CONTENDERS[k].replace(", ", ",\n").replace(" → ", "\n→ ").replace(" (", "\n(") for k in keys]
     positions = range(len(keys))
-    figure_, (left, right) = plt.subplots(1, 2, figsize=(14, 5.5))
+    figure_, (left, right) = plt.subplots(1, 2, figsize=(max(14, 1.9 * len(keys)), 5.5))
     width = 0.38
     for offset, connections in ((-width / 2, 1), (width / 2, 32)):
         values = [figure(results, k, connections, "rps") or 0 for k in keys]

@@ -12,14 +12,18 @@ Contenders (each a separate process, all started at once and idle when not measu
   chatgate, tracing on every request traced (a server and a client span), sent by OTLP/HTTP to
                        an nginx location that keeps nothing; and with 1 request in 10 traced
   chatgate, 2 workers  `--workers 2` on both CPUs, against the pinned single worker
+  LiteLLM proxy        only with --with-litellm: LiteLLM 1.80.0 in a venv of its own (made on
+                       first use), one model on the same nginx upstream
 
 The points are measured in rounds, each round taking the contenders in a rotated order, and
 each figure is the median over the rounds: a shared machine's speed drifts by tens of percent
 within minutes, and interleaving lets the drift fall on every contender alike, so the ratios
-stay meaningful.
+stay meaningful. After the points at full speed come two at a capped rate, also in rounds:
+latency at half the floor's maximum rate (nginx, the floor and chatgate at the same rate), and
+1 worker against 2 at 70 % of 1 worker's maximum (CPU per request, connections per worker).
 
-It installs nothing: it says what is missing and stops. Results: a table on stdout,
-<out>/latest.json and <out>/latest.png.
+It installs nothing into chatgate's environment: it says what is missing and stops. Results: a
+table on stdout, <out>/latest.json and <out>/latest.png; `--show` prints a saved run again.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -46,8 +51,9 @@ import httpx
 import orjson
 import yaml
 
-from bench import load, report
+from bench import litellm_proxy, load, report
 from bench.processes import (
+    START_TIMEOUT,
     Server,
     accepts_connections,
     answers_health,
@@ -64,7 +70,10 @@ STREAM_PATH = "/stream/v1/chat/completions"  # nginx's stream location (the floo
 HIGH_LIMITS = {"requests_per_minute": 10**9, "tokens_per_minute": 10**12}  # counted, never refusing
 POOL = {"max_connections": 100}  # the same pool size as the floor's client
 RELAY_CONCURRENCY = 32
-ALL_CONTENDERS = tuple(report.CONTENDERS)
+CAPPED_CONNECTIONS = 32
+LATENCY_RATE_SHARE = 0.5  # the latency figures' rate: half the floor's maximum (c=32)
+WORKERS_RATE_SHARE = 0.7  # the scale-out figures' rate: 70 % of 1 worker's maximum (c=32)
+ALL_CONTENDERS = tuple(key for key in report.CONTENDERS if key != "litellm")  # LiteLLM when asked
 
 
 @dataclass(frozen=True)
@@ -77,13 +86,16 @@ class Profile:
     relay_seconds: float
     memory_requests: int
     memory_cap_seconds: float  # sending the memory run's requests stops here whatever the count
+    capped_seconds: float  # per capped-rate point and round
     contenders: tuple[str, ...]
 
 
 PROFILES = {
-    "full": Profile("full", 4, 5, 2, 300, 10, 100_000, 300, ALL_CONTENDERS),
-    "quick": Profile("quick", 1, 5, 1, 150, 3, 20_000, 120, ALL_CONTENDERS),
-    "smoke": Profile("smoke", 1, 1, 1, 20, 1, 500, 10, ("direct", "floor", "upstream", "echo")),
+    "full": Profile("full", 4, 5, 2, 300, 10, 100_000, 300, 4, ALL_CONTENDERS),
+    "quick": Profile("quick", 1, 5, 1, 150, 3, 20_000, 120, 2, ALL_CONTENDERS),
+    "smoke": Profile(
+        "smoke", 1, 1, 1, 20, 1, 500, 10, 1, ("direct", "floor", "upstream", "echo", "workers2")
+    ),
 }
 TOOLS = {
     "nginx": "apt-get install nginx",
@@ -128,20 +140,54 @@ class Contender:
     stream_url: str  # where its 64-chunk stream is asked for
     headers: dict[str, str] = field(default_factory=dict)
     connections: tuple[int, ...] = report.CONNECTIONS
+    workers: int = 1  # with more, every wrk run also counts the connections each one holds
+
+
+@dataclass(frozen=True)
+class Load:
+    """What wrk sends in one point: so many connections, as fast as answered or at a rate."""
+
+    connections: int
+    rate: float | None = None
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One wrk run against one contender, and what its server spent on it."""
+
+    result: load.WrkResult
+    busy: float  # the server's CPU time / wall time, all its processes (1.0 = one core)
+    by_process: list[float]  # the same per process, busiest first
+    cpu_us_per_request: float
+    connections_by_worker: list[int] | None = None  # counted halfway through, when asked
 
 
 class Bench:
     """One run: owns the temporary directory, the upstream and the results."""
 
-    def __init__(self, profile: Profile, tmp: Path, cores: Cores, stack: contextlib.ExitStack) -> None:
+    def __init__(
+        self,
+        profile: Profile,
+        tmp: Path,
+        cores: Cores,
+        stack: contextlib.ExitStack,
+        with_litellm: bool = False,
+    ) -> None:
         self.profile = profile
         self.tmp = tmp
         self.cores = cores
         self.stack = stack
+        self.with_litellm = with_litellm
         self.started = time.monotonic()
         self.body = orjson.dumps(REQUEST)
         self.stream_body = orjson.dumps(STREAM_REQUEST)
-        self.results: dict[str, Any] = {"http": {}, "streaming": {"first_chunk": {}, "errors": {}}}
+        self.running: dict[str, Contender] = {}  # the contenders up, by key
+        self.served: Counter[str] = Counter()  # requests each contender answered under load
+        self.results: dict[str, Any] = {
+            "http": {},
+            "capped": {},
+            "streaming": {"first_chunk": {}, "errors": {}},
+        }
 
     # ----- plumbing -------------------------------------------------------------------------
 
@@ -151,9 +197,21 @@ class Bench:
     def start(
         self, name: str, command: list[str], port: int, ready: Callable[[], bool], **env: str
     ) -> Server:
+        """A server run from the checkout, with chatgate's packages on its path."""
+        return self.start_in(name, command, port, ready, {**os.environ, "PYTHONPATH": str(ROOT), **env})
+
+    def start_in(
+        self,
+        name: str,
+        command: list[str],
+        port: int,
+        ready: Callable[[], bool],
+        environment: dict[str, str],
+        cwd: Path = ROOT,
+        timeout: float = START_TIMEOUT,
+    ) -> Server:
         log = self.tmp / f"{name.replace(' ', '-')}-{port}.log"
-        environment = {**os.environ, "PYTHONPATH": str(ROOT), **env}
-        server = start_server(name, command, port, log, ready, cwd=ROOT, env=environment)
+        server = start_server(name, command, port, log, ready, cwd=cwd, env=environment, timeout=timeout)
         self.stack.callback(server.stop)
         return server
 
@@ -217,50 +275,94 @@ class Bench:
         if chunks < STREAM_CHUNKS - 1:
             raise RuntimeError(f"{url} streamed {chunks} chunks, expected about {STREAM_CHUNKS}")
 
-    def wrk(
-        self, server: Server, url: str, connections: int, seconds: float, **headers: str
-    ) -> tuple[load.WrkResult, float, list[float]]:
-        """A wrk run, the server's CPU use (1.0 = one core) and, per process, the busiest first."""
+    def wrk(self, contender: Contender, load_: Load, seconds: float) -> Sample:
+        """A wrk run and the server's CPU time over it; for several workers, the connections
+        each one holds, counted halfway through the run."""
+        server = contender.server
+        headers = {"Content-Type": "application/json", **contender.headers}
         cpu, started = server.cpu_by_process(), time.monotonic()
-        result = load.wrk(url, self.body, headers, connections, seconds, self.cores.load)
+        run = load.WrkRun(
+            contender.url, self.body, headers, load_.connections, seconds, self.cores.load, load_.rate
+        )
+        by_worker = None
+        if contender.workers > 1:
+            time.sleep(run.seconds / 2)
+            by_worker = server.connections_by_worker()
+        result = run.result()
         elapsed = time.monotonic() - started
-        shares = [(used - cpu.get(pid, 0.0)) / elapsed for pid, used in server.cpu_by_process().items()]
-        return result, sum(shares), sorted(shares, reverse=True)
+        spent = {pid: used - cpu.get(pid, 0.0) for pid, used in server.cpu_by_process().items()}
+        self.served[contender.key] += result.requests
+        return Sample(
+            result=result,
+            busy=sum(spent.values()) / elapsed,
+            by_process=sorted((used / elapsed for used in spent.values()), reverse=True),
+            cpu_us_per_request=sum(spent.values()) / result.requests * 1e6 if result.requests else 0.0,
+            connections_by_worker=by_worker,
+        )
 
     def warm(self, contender: Contender) -> None:
         headers = {"Content-Type": "application/json", **contender.headers}
         self.check_answer(contender.url, headers)
-        self.wrk(contender.server, contender.url, 32, self.profile.warmup, **headers)
+        self.wrk(contender, Load(32), self.profile.warmup)
 
-    def measure_rounds(self, contenders: dict[str, Contender]) -> dict[str, list[load.WrkResult]]:
-        """Every contender's points, round after round in rotated order; medians recorded."""
-        runs: dict[str, dict[int, list[tuple[load.WrkResult, float, list[float]]]]] = {
-            key: {count: [] for count in contender.connections} for key, contender in contenders.items()
+    def rounds(
+        self, plan: dict[str, tuple[Contender, list[Load]]], seconds: float, what: str
+    ) -> dict[str, list[list[Sample]]]:
+        """Every contender's loads, round after round in rotated order: per contender, per load,
+        the samples of the rounds."""
+        samples: dict[str, list[list[Sample]]] = {
+            key: [[] for _ in loads] for key, (_, loads) in plan.items()
         }
-        keys = list(contenders)
+        keys = list(plan)
         for number in range(self.profile.rounds):
             shift = number % len(keys)
             for key in keys[shift:] + keys[:shift]:
-                contender = contenders[key]
-                headers = {"Content-Type": "application/json", **contender.headers}
-                for count in contender.connections:
-                    result, busy, by_process = self.wrk(
-                        contender.server, contender.url, count, self.profile.seconds, **headers
-                    )
-                    runs[key][count].append((result, busy, by_process))
-                    errors = f", {result.errors} ERRORS" if result.errors else ""
-                    self.say(
-                        f"round {number + 1}/{self.profile.rounds} · {report.CONTENDERS[key]}, c={count}: "
-                        f"{result.rps:,.0f} req/s, p50 {result.p50_ms:.2f} ms, p99 {result.p99_ms:.2f} ms, "
-                        f"cpu {busy:.0%}{errors}"
-                    )
-        for key, by_count in runs.items():
-            points = {str(count): median_point(found) for count, found in by_count.items()}
+                contender, loads = plan[key]
+                for index, load_ in enumerate(loads):
+                    sample = self.wrk(contender, load_, seconds)
+                    samples[key][index].append(sample)
+                    self.say(f"{what} {number + 1}/{self.profile.rounds} · {describe(contender, sample)}")
+        return samples
+
+    def measure_rounds(self, contenders: dict[str, Contender]) -> None:
+        """Every contender's points at full speed (c=1, c=32); medians recorded."""
+        plan = {key: (c, [Load(count) for count in c.connections]) for key, c in contenders.items()}
+        samples = self.rounds(plan, self.profile.seconds, "round")
+        for key, by_load in samples.items():
+            points = {str(found[0].result.connections): median_point(found) for found in by_load}
             self.results["http"][key] = {"label": report.CONTENDERS[key], "points": points, "error": None}
-        return {
-            key: [result for found in by_count.values() for result, _, _ in found]
-            for key, by_count in runs.items()
+
+    def measure_capped(self, section: str, keys: tuple[str, ...], basis: str, share: float) -> None:
+        """The contenders `keys` at one capped rate: `share` of `basis`'s maximum (its c=32 req/s,
+        measured in the rounds before)."""
+        maximum = report.figure(self.results, basis, 32, "rps")
+        if maximum is None:
+            why = f"no rate to cap at: {report.CONTENDERS[basis]} has no figure at c=32"
+            self.results["capped"][section] = {"error": why}
+            self.say(f"capped load, {section}: {why}")
+            return
+        rate = maximum * share
+        self.say(f"capped load, {section}: {rate:,.0f} req/s ({share:.0%} of {basis}'s {maximum:,.0f})")
+        load_ = Load(CAPPED_CONNECTIONS, rate)
+        plan = {key: (self.running[key], [load_]) for key in keys if key in self.running}
+        by_load = self.rounds(plan, self.profile.capped_seconds, section)
+        samples = {key: found[0] for key, found in by_load.items()}
+        entry: dict[str, Any] = {
+            "rate": rate,
+            "basis": {"of": basis, "rps": maximum, "share": share},
+            "connections": CAPPED_CONNECTIONS,
+            "seconds": self.profile.capped_seconds,
+            "rounds": self.profile.rounds,
+            "points": {key: median_point(found) for key, found in samples.items()},
         }
+        counted = [sample.connections_by_worker for sample in samples.get("workers2", ())]
+        if any(counted):
+            entry["connections_by_worker"] = [counts or [] for counts in counted]
+        for key, figures in entry["points"].items():
+            missed = report.rate_missed_by(figures)
+            if abs(missed) > report.RATE_TOLERANCE:
+                self.say(f"capped load, {section}: {key} missed the rate by {missed:+.1%}: NOT A FIGURE")
+        self.results["capped"][section] = entry
 
     def first_chunks(self, sources: dict[str, Contender]) -> None:
         """Sequential streams through each source, in rounds like the HTTP points."""
@@ -302,16 +404,19 @@ class Bench:
             f"client cpu {found.client_cpu:.0%}, {found.errors} errors)"
         )
 
-    def memory_run(self, server: Server, counted: int, rate: float) -> None:
-        """Requests through the upstream path until the count is reached, then RSS again."""
+    def memory_run(self, upstream: Contender, rate: float) -> None:
+        """Requests through the upstream path until the count since warm-up is reached (those of
+        the rounds count), then RSS again."""
         memory = self.results["memory"]
+        server = upstream.server
         deadline = time.monotonic() + self.profile.memory_cap_seconds
+        counted = self.served[upstream.key]
         while counted < self.profile.memory_requests and time.monotonic() < deadline:
             # wrk has no request count: run it for the time the rest should take, until reached
             remaining = self.profile.memory_requests - counted
             seconds = min(math.ceil(remaining / rate), max(1, deadline - time.monotonic()))
             self.say(f"memory: {remaining:,} more requests to reach {self.profile.memory_requests:,}")
-            more, _, _ = self.wrk(server, server.url + JSON_PATH, 32, seconds)
+            more = self.wrk(upstream, Load(32), seconds).result
             if more.errors:
                 raise RuntimeError(f"{more.errors} errors while sending the memory run's requests")
             counted += more.requests
@@ -381,7 +486,23 @@ class Bench:
             "chatgate 2 workers", self.chatgate_config("openai-compatible"), workers=2
         )
         url = server.url + JSON_PATH
-        return Contender("workers2", server, url, url, connections=(32,))
+        return Contender("workers2", server, url, url, connections=(32,), workers=2)
+
+    def launch_litellm(self) -> Contender:
+        """LiteLLM's proxy on the server CPU, its venv made first if need be."""
+        executable = litellm_proxy.ensure_installed(self.say)
+        port = free_port()
+        config = self.tmp / f"litellm-{port}.yaml"
+        config.write_text(yaml.safe_dump(litellm_proxy.config(REQUEST["model"], f"{self.upstream.url}/v1")))
+        logging_config = self.tmp / "litellm-logging.json"
+        logging_config.write_bytes(orjson.dumps(litellm_proxy.LOGGING))
+        command = litellm_proxy.command(executable, config, logging_config, port)
+        environment = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        server = self.start_in(
+            "LiteLLM", pinned(self.cores.server, command), port, accepts_connections(port),
+            {**environment, **litellm_proxy.ENVIRONMENT}, cwd=self.tmp, timeout=litellm_proxy.START_TIMEOUT,
+        )  # fmt: skip
+        return Contender("litellm", server, server.url + JSON_PATH, server.url + JSON_PATH)
 
     def launch(self, key: str, how: Callable[[], Contender]) -> Contender | None:
         """Start and warm a contender; a failure is recorded against it and the run goes on."""
@@ -390,6 +511,7 @@ class Bench:
             self.warm(contender)
             if key == "upstream":
                 self.results["memory"]["warm_mb"] = megabytes(contender.server.rss_bytes())
+                self.served[key] = 0  # the memory run counts from here
         except Exception as error:
             message = f"{type(error).__name__}: {error}"
             self.results["http"][key] = {"label": report.CONTENDERS[key], "points": {}, "error": message}
@@ -412,18 +534,22 @@ class Bench:
             "traced": self.launch_traced,
             "sampled": lambda: self.launch_traced("sampled", 0.1),
             "workers2": self.launch_workers,
+            "litellm": self.launch_litellm,
         }
-        contenders = {}
+        wanted = self.profile.contenders + (("litellm",) if self.with_litellm else ())
         for key, how in launchers.items():
-            if key in self.profile.contenders and (contender := self.launch(key, how)):
-                contenders[key] = contender
-        runs = self.measure_rounds(contenders)
+            if key in wanted and (contender := self.launch(key, how)):
+                self.running[key] = contender
+        self.measure_rounds(self.running)
+        self.measure_capped("latency", ("direct", "floor", "upstream"), "floor", LATENCY_RATE_SHARE)
+        if "workers2" in wanted:
+            self.measure_capped("workers", ("upstream", "workers2"), "upstream", WORKERS_RATE_SHARE)
         streamers = {"direct": "direct", "floor": "floor", "upstream": "chatgate"}
-        self.first_chunks({name: contenders[key] for key, name in streamers.items() if key in contenders})
-        upstream = contenders.get("upstream")
+        self.first_chunks({name: self.running[key] for key, name in streamers.items() if key in self.running})
+        upstream = self.running.get("upstream")
         if upstream is None:
             return self.results
-        for key, contender in contenders.items():
+        for key, contender in self.running.items():
             if key != "upstream":
                 contender.server.stop()  # the rest runs on the upstream path alone
         try:
@@ -432,20 +558,20 @@ class Bench:
         except Exception as error:
             self.results["streaming"]["errors"]["relay"] = f"{type(error).__name__}: {error}"
             self.say(f"relay: {error}")
-        counted = sum(run.requests for run in runs["upstream"])
         try:
-            self.memory_run(upstream.server, counted, max(runs["upstream"][-1].rps, 1.0))
+            self.memory_run(upstream, max(report.figure(self.results, "upstream", 32, "rps") or 1.0, 1.0))
         except Exception as error:
             self.results["memory"]["error"] = f"{type(error).__name__}: {error}"
             self.say(f"memory: {error}")
         return self.results
 
 
-def median_point(found: list[tuple[load.WrkResult, float, list[float]]]) -> dict[str, Any]:
+def median_point(samples: list[Sample]) -> dict[str, Any]:
     """One point's figures over the rounds: the median of each; requests and errors summed."""
-    results = [result for result, _, _ in found]
+    results = [sample.result for sample in samples]
     point: dict[str, Any] = {
         "connections": results[0].connections,
+        "rate": results[0].rate,
         "requests": sum(r.requests for r in results),
         "seconds": round(sum(r.seconds for r in results), 3),
         "errors": sum(r.errors for r in results),
@@ -454,12 +580,28 @@ def median_point(found: list[tuple[load.WrkResult, float, list[float]]]) -> dict
     }
     for name in ("rps", "p50_ms", "p90_ms", "p99_ms"):
         point[name] = statistics.median(getattr(r, name) for r in results)
-    point["server_cpu"] = statistics.median(busy for _, busy, _ in found)
-    by_process = [shares for _, _, shares in found if len(shares) > 1]
+    point["server_cpu"] = statistics.median(sample.busy for sample in samples)
+    point["cpu_us_per_request"] = statistics.median(sample.cpu_us_per_request for sample in samples)
+    by_process = [sample.by_process for sample in samples if len(sample.by_process) > 1]
     if by_process:
         columns = zip(*by_process, strict=False)
         point["server_cpu_by_process"] = [statistics.median(column) for column in columns]
     return point
+
+
+def describe(contender: Contender, sample: Sample) -> str:
+    """One sample as a progress line."""
+    result = sample.result
+    asked = f" (asked {result.rate:,.0f})" if result.rate else ""
+    errors = f", {result.errors} ERRORS" if result.errors else ""
+    workers = (
+        f", connections by worker {sample.connections_by_worker}" if sample.connections_by_worker else ""
+    )
+    return (
+        f"{report.CONTENDERS[contender.key]}, c={result.connections}: {result.rps:,.0f} req/s{asked}, "
+        f"p50 {result.p50_ms:.2f} ms, p99 {result.p99_ms:.2f} ms, cpu {sample.busy:.0%}, "
+        f"{sample.cpu_us_per_request:.0f} µs/req{errors}{workers}"
+    )
 
 
 def headers_for(headers: dict[str, str] | None) -> dict[str, str]:
@@ -493,16 +635,42 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     speed.add_argument(
         "--smoke", action="store_true", help="one round of 1 s per point, five contenders (for tests)"
     )
+    speed.add_argument(
+        "--show", type=Path, metavar="JSON", help="measure nothing: print a saved run (its latest.json) "
+        "against today's goals"
+    )  # fmt: skip
+    parser.add_argument(
+        "--with-litellm", action="store_true", help=f"add LiteLLM {litellm_proxy.VERSION}'s proxy as a "
+        f"contender (its venv is made in {litellm_proxy.VENV} on first use: minutes)"
+    )  # fmt: skip
     parser.add_argument("--seconds", type=float, help="seconds per wrk point and round (overrides the mode)")
     parser.add_argument("--memory-requests", type=int, help="requests between the RSS readings")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results", help="where latest.* go")
     parser.add_argument("--no-chart", action="store_true", help="skip the PNG (no matplotlib needed)")
-    parser.add_argument("--strict", action="store_true", help="exit 1 when a measured goal fails")
+    parser.add_argument(
+        "--strict", action="store_true", help="exit 1 when a goal FAILs or its measurement is an ERROR"
+    )
     return parser.parse_args(argv)
+
+
+def exit_code(ratios: list[dict[str, Any]], strict: bool) -> int:
+    """1 under --strict when a goal FAILs or its measurement is invalid (ERROR); a goal not
+    measured in this run (n/a) fails nothing."""
+    failed = any(row["verdict"] in ("FAIL", "ERROR") for row in ratios)
+    return 1 if strict and failed else 0
+
+
+def show(path: Path, strict: bool) -> int:
+    results = orjson.loads(path.read_bytes())
+    results["ratios"] = report.evaluate(results)
+    print(report.render(results))
+    return exit_code(results["ratios"], strict)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.show:
+        return show(args.show, args.strict)
     profile = PROFILES["smoke" if args.smoke else "quick" if args.quick else "full"]
     if args.seconds:
         profile = replace(profile, seconds=args.seconds)
@@ -522,7 +690,7 @@ def main(argv: list[str] | None = None) -> int:
         os.sched_setaffinity(0, {int(cores.load)})  # this process runs the stream clients
     started = datetime.datetime.now(datetime.UTC)
     with tempfile.TemporaryDirectory(prefix="chatgate-bench-") as tmp, contextlib.ExitStack() as stack:
-        bench = Bench(profile, Path(tmp), cores, stack)
+        bench = Bench(profile, Path(tmp), cores, stack, with_litellm=args.with_litellm)
         results = bench.run()
         elapsed = time.monotonic() - bench.started
     results = {
@@ -531,8 +699,10 @@ def main(argv: list[str] | None = None) -> int:
             "started": started.strftime("%Y-%m-%d %H:%M UTC"),
             "elapsed_s": round(elapsed, 1),
             "seconds_per_point": profile.seconds,
+            "capped_seconds_per_point": profile.capped_seconds,
             "rounds": profile.rounds,
             "memory_requests": profile.memory_requests,
+            "with_litellm": args.with_litellm,
             "cpus": os.cpu_count(),
             "busy_before": round(busy, 3),
             "server_cores": cores.server or "any",
@@ -553,5 +723,4 @@ def main(argv: list[str] | None = None) -> int:
         report.draw_chart(results, args.out / "latest.png")
         written.append(str(args.out / "latest.png"))
     print("written: " + ", ".join(written))
-    failed = any(row["verdict"] == "FAIL" for row in results["ratios"])
-    return 1 if args.strict and failed else 0
+    return exit_code(results["ratios"], args.strict)

@@ -1,5 +1,7 @@
 """The benchmark harness (`python -m bench`) runs end to end in its smoke mode and produces a
-well-formed table, JSON and chart. No timing is asserted: figures on a shared machine vary.
+well-formed table, JSON and chart, with every goal of issue 18 as a row. No timing is asserted:
+figures on a shared machine vary. `--show` re-reads the smoke run's JSON, so `--strict` is
+checked on figures set by hand rather than on whatever this machine measured.
 
 Needs nginx and wrk (Debian packages, installed by scripts/run-tests) and matplotlib.
 """
@@ -16,12 +18,29 @@ import pytest
 from tests.servers import ROOT
 
 SMOKE_CONTENDERS = ("direct", "floor", "upstream", "echo")
-POINT_FIGURES = ("rps", "p50_ms", "p90_ms", "p99_ms", "requests", "seconds", "server_cpu")
+POINT_FIGURES = (
+    "rps",
+    "p50_ms",
+    "p90_ms",
+    "p99_ms",
+    "requests",
+    "seconds",
+    "server_cpu",
+    "cpu_us_per_request",
+)
 GOAL_KEYS = {
-    "upstream_over_floor_c32", "added_p50_c1_ms", "echo_over_upstream_c32",
-    "policy_over_no_policy_c32", "added_first_chunk_p50_ms", "relayed_chunks_per_core_s",
-    "rss_growth", "idle_rss_mb", "workers2_over_1_c32",
+    "own_work_us_c32", "echo_us_c32", "over_litellm_c32", "over_litellm_c1",
+    "added_p50_over_floor_c1_ms", "capped_added_p99_ms", "policy_over_no_policy_c32",
+    "traced_over_untraced_c32", "added_first_chunk_p50_ms", "relayed_chunks_per_core_s",
+    "rss_growth", "idle_rss_mb", "workers_connection_spread", "workers2_cpu_over_1",
 }  # fmt: skip
+NOT_IN_SMOKE = {
+    "policy_over_no_policy_c32",
+    "traced_over_untraced_c32",
+    "over_litellm_c32",
+    "over_litellm_c1",
+}
+CAPPED = {"capped_added_p99_ms", "workers2_cpu_over_1"}  # ERROR when a server cannot keep the rate
 
 
 @pytest.fixture(scope="module")
@@ -72,17 +91,69 @@ def test_ratios_and_verdicts(smoke):
     for key in GOAL_KEYS:
         row = ratios[key]
         assert row["goal"] is not None
-        if key in ("policy_over_no_policy_c32", "workers2_over_1_c32"):  # not in the smoke run
-            assert row["value"] is None and row["verdict"] == "n/a"
+        if key in NOT_IN_SMOKE:
+            assert row["value"] is None and row["verdict"] == "n/a", row
+        elif key in CAPPED and row["verdict"] == "ERROR":
+            assert row["error"] and "req/s asked" in row["error"], row
         else:
             assert row["verdict"] in ("PASS", "FAIL"), row
             assert isinstance(row["value"], float)
+
+
+def test_capped_loads_measured(smoke):
+    _, results, _ = smoke
+    latency, workers = results["capped"]["latency"], results["capped"]["workers"]
+    assert latency["rate"] == results["http"]["floor"]["points"]["32"]["rps"] / 2
+    assert workers["rate"] == pytest.approx(results["http"]["upstream"]["points"]["32"]["rps"] * 0.7)
+    for section, keys in ((latency, ("direct", "floor", "upstream")), (workers, ("upstream", "workers2"))):
+        for key in keys:
+            figures = section["points"][key]
+            assert figures["errors"] == 0 and figures["rate"] == section["rate"], (key, figures)
+            assert figures["rps"] > 0 and figures["cpu_us_per_request"] > 0
+    assert results["capped"]["latency"]["points"]["direct"]["rps"] == pytest.approx(latency["rate"], rel=0.1)
+    for counts in workers["connections_by_worker"]:
+        assert len(counts) == 2 and sum(counts) == 32, counts  # wrk's 32 connections, all found
+
+
+def test_litellm_only_when_asked(smoke):
+    from bench.run import parse_args
+
+    _, results, _ = smoke
+    assert parse_args([]).with_litellm is False
+    assert "litellm" not in results["http"] and results["meta"]["with_litellm"] is False
+
+
+def test_strict_exits_1_on_a_failed_goal(smoke, tmp_path):
+    _, results, _ = smoke
+    results["memory"]["idle_mb"] = 10.0  # well under its goal
+    passing = tmp_path / "passing.json"
+    passing.write_text(json.dumps(results))
+    results["memory"]["idle_mb"] = 1000.0  # far over it
+    failing = tmp_path / "failing.json"
+    failing.write_text(json.dumps(results))
+
+    def verdict_and_exit(path: Path, *flags: str) -> tuple[str, int]:
+        run = subprocess.run(
+            [sys.executable, "-m", "bench", "--show", str(path), *flags],
+            cwd=ROOT, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        row = next(line for line in run.stdout.splitlines() if line.startswith("idle RSS"))
+        return row.split()[-1], run.returncode
+
+    assert verdict_and_exit(failing) == ("FAIL", 0)
+    assert verdict_and_exit(failing, "--strict") == ("FAIL", 1)
+    verdict, code = verdict_and_exit(passing, "--strict")
+    assert verdict == "PASS"
+    others = {row["verdict"] for row in results["ratios"] if row["key"] != "idle_rss_mb"}
+    assert code == (1 if others & {"FAIL", "ERROR"} else 0)
 
 
 def test_table_and_chart(smoke):
     stdout, results, out = smoke
     for label in ("nginx, direct", "Python floor", "chatgate → nginx", "chatgate, echo backend"):
         assert label in stdout
+    for title in ("Capped load, latency", "Capped load, scale-out", "connections per worker"):
+        assert title in stdout
     for row in results["ratios"]:
         assert row["label"] in stdout
     assert "goals held:" in stdout
