@@ -34,6 +34,7 @@ from gateway.core.canonical import (
     ToolCallDelta,
     TopLogprob,
     Usage,
+    content_text,
 )
 from gateway.core.parameters import CATALOGUE
 
@@ -107,14 +108,7 @@ async def count_prompt_tokens(messages: list[dict[str, Any]]) -> int:
 
 
 def message_text(message: dict[str, Any]) -> str:
-    content = message.get("content")
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return " ".join(
-            part.get("text") or part.get("refusal") or "" for part in content if isinstance(part, dict)
-        )
-    return ""
+    return content_text(message.get("content"))
 
 
 def last_user_text(messages: list[dict[str, Any]]) -> str:

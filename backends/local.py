@@ -38,7 +38,16 @@ from pydantic import BaseModel, ConfigDict, DirectoryPath, Field, ValidationErro
 from backends.base import Capabilities
 from backends.local_sampling import MAX_N, MAX_TOP_LOGPROBS, Sampling, parameter_table, sampling_for
 from backends.stop_strings import held_back
-from gateway.core.canonical import ChatRequest, Event, Finish, TextDelta, TokenLogprob, TopLogprob, Usage
+from gateway.core.canonical import (
+    ChatRequest,
+    Event,
+    Finish,
+    TextDelta,
+    TokenLogprob,
+    TopLogprob,
+    Usage,
+    part_text,
+)
 from gateway.core.errors import BadRequest, GatewayError, InternalError, NotFound, ServiceUnavailable
 from gateway.core.options import describe
 
@@ -115,7 +124,7 @@ def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
                         param="messages",
                         code="UnsupportedModality",
                     )
-                texts.append(part.get("text") or part.get("refusal") or "")
+                texts.append(part_text(part))
             content = "\n".join(texts)
         role = message.get("role")
         converted.append(

@@ -91,3 +91,47 @@ def test_undefined_fields_never_give_a_5xx(route: ChatRoute):
             )
 
     check()
+
+
+# names that some message or content part defines, undefined where they are sent here
+MESSAGE_NAMES = ["tool_calls", "tool_call_id", "refusal", "audio", "function_call", "not_a_field"]
+PART_NAMES = ["refusal", "image_url", "input_audio", "file", "content", "detail", "not_a_field"]
+
+
+@pytest.mark.parametrize("route", chat_routes(), ids=lambda r: r.url.split("?")[0])
+def test_undefined_fields_inside_messages_and_parts_never_give_a_5xx(route: ChatRoute):
+    """The same inside the body: a message or a text part carrying fields that other message
+    roles or part types define (the fuzz found a text part's `refusal: [true]` read as its text)."""
+
+    @given(
+        role=st.sampled_from(["system", "developer", "user"]),
+        text=st.text(max_size=5),
+        as_parts=st.booleans(),
+        message_extra=st.dictionaries(st.sampled_from(MESSAGE_NAMES), json_values, max_size=2),
+        part_extra=st.dictionaries(st.sampled_from(PART_NAMES), json_values, max_size=3),
+        policy=st.sampled_from(POLICIES),
+    )
+    @EXAMPLES
+    def check(
+        role: str, text: str, as_parts: bool, message_extra: dict, part_extra: dict, policy: str
+    ) -> None:
+        content: Any = [{"type": "text", "text": text, **part_extra}] if as_parts else text
+        body = route.body()
+        body["messages"] = [{"role": role, "content": content, **message_extra}, *body["messages"]]
+        answer = post(route, body, policy)
+        assert answer.status_code < 500, (answer.status_code, answer.text[:300], body)
+
+    check()
+
+
+@pytest.mark.parametrize("route", chat_routes(), ids=lambda r: r.url.split("?")[0])
+def test_a_text_part_is_read_by_its_text_alone(route: ChatRoute):
+    """The fuzz case itself (issue 19's 10,000-case run): a text part whose undefined `refusal`
+    is a list, its `text` empty."""
+    body = route.body()
+    body["messages"] = [
+        {"role": "system", "content": [{"type": "text", "text": "", "refusal": [True, None]}]},
+        *body["messages"],
+    ]
+    answer = post(route, body, "pass-through")
+    assert answer.status_code < 500, answer.text

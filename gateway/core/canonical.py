@@ -216,6 +216,26 @@ def rendered_size(event: Event) -> int:
     return 0
 
 
+def part_text(part: Any) -> str:
+    """A content part's words: a text part's `text`, a refusal part's `refusal`, else nothing.
+    Only the field its type defines is read, and only a string: under `extra-parameters:
+    pass-through` a part may carry any undefined field of any type (a text part's `refusal: [1]`)."""
+    if not isinstance(part, dict):
+        return ""
+    kind = part.get("type")
+    value = part.get("text") if kind == "text" else part.get("refusal") if kind == "refusal" else None
+    return value if isinstance(value, str) else ""
+
+
+def content_text(content: Any, separator: str = " ") -> str:
+    """A message's `content` as text: a string as it is, a list by its parts' words."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return separator.join(part_text(part) for part in content)
+    return ""
+
+
 def prompt_text(messages: list[dict[str, Any]]) -> str:
     """The text of the messages, joined by newlines (text parts of a list content too)."""
     texts = []
@@ -224,7 +244,7 @@ def prompt_text(messages: list[dict[str, Any]]) -> str:
         if isinstance(content, str):
             texts.append(content)
         elif isinstance(content, list):
-            texts += [p.get("text", "") for p in content if isinstance(p, dict)]
+            texts += [part_text(part) for part in content if isinstance(part, dict)]
     return "\n".join(texts)
 
 
