@@ -125,6 +125,10 @@ class ChatPipeline:
                 if data := self.rendered(answer, item, state):
                     room -= len(data)
                     yield data
+                # a turn of the loop, so that the first chunk leaves now: the edge joins what
+                # one turn writes, and a burst the upstream sent at once (all read in this
+                # turn) would otherwise hold it back until the burst was rendered
+                await asyncio.sleep(0)
                 async for item in events:
                     if data := self.rendered(answer, item, state):
                         room -= len(data)
