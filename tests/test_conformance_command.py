@@ -181,3 +181,14 @@ def test_a_locked_out_run_is_not_clean():
     assert not report.clean and report.locked_out
     result.unauthorized = 2  # the probes of the key check, among real answers
     assert report.clean
+
+
+def test_stream_payloads_are_cut_only_where_sse_ends_a_line():
+    """JSON carries U+2028, U+2029 and U+0085 unescaped; the vendor check read them as line ends
+    and called a whole answer broken (found by the 10,000-case fuzz, on echo repeating them)."""
+    from gateway.tools.vendor_specs import stream_payloads
+
+    said = "a\u2028b\u2029c\u0085d\x1ce"
+    wire = f'data: {{"content":"{said}"}}\r\n\r\ndata: [DONE]\n\n'.encode()
+    assert stream_payloads(wire) == [f'{{"content":"{said}"}}', "[DONE]"]
+    assert stream_payloads(wire + b'data: {"cut', complete=False) == [f'{{"content":"{said}"}}', "[DONE]"]

@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cache
@@ -404,12 +405,17 @@ VENDOR_DOCUMENTS = {doc.dialect: doc for doc in (OPENAI, AZURE, ALEPH_ALPHA)}
 # ----- reading an answer off the wire ---------------------------------------------------------
 
 
+SSE_LINE_END = re.compile(r"\r\n|\r|\n")
+
+
 def stream_payloads(content: bytes, complete: bool = True) -> list[str]:
-    """The `data:` payloads of a server-sent event stream; a cut-off last event is left out."""
+    """The `data:` payloads of a server-sent event stream; a cut-off last event is left out.
+    Lines end only where SSE says (CR, LF, CRLF): `str.splitlines` would also cut a payload at
+    U+2028, U+0085 and the like, which JSON carries unescaped."""
     text = content.decode("utf-8", errors="replace")
     if not complete:
         text = text[: text.rfind("\n\n") + 1]
-    return [line[5:].strip() for line in text.splitlines() if line.startswith("data:")]
+    return [line[5:].removeprefix(" ") for line in SSE_LINE_END.split(text) if line.startswith("data:")]
 
 
 def answer_bodies(
