@@ -16,6 +16,8 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from gateway.config import Media
 from gateway.core.canonical import ChatRequest
@@ -122,6 +124,10 @@ def test_urls_toward_loopback_link_local_or_private_ranges_are_refused(media_dir
     [
         ("http://no-such-host.example/zebra.png", "cannot be resolved", Forbidden),
         ("http://bad\x8ahost/zebra.png", "cannot be resolved", Forbidden),  # not even a name (idna)
+        ("http://[zz]/zebra.png", "cannot be resolved", Forbidden),  # a bracketed host that is no address
+        ("http://a\uff03b/zebra.png", "cannot be resolved", Forbidden),  # NFKC makes it a delimiter
+        ("https://:\U00024c52s", "no host", BadRequest),  # found by the OVMS fuzz: a port, no host
+        ("http://user@:8080/zebra.png", "no host", BadRequest),
         ("https:///zebra.png", "no host", BadRequest),
         ("data:image/png,not-base64", "base64", BadRequest),
     ],
@@ -183,6 +189,29 @@ def test_the_documents_pattern_says_the_three_forms_too():
         assert pattern.match(url), url
     for url in ("../../etc/passwd", "/srv/../etc/passwd", "/srv/..", "junk", "", "zebra.png", "file:///etc"):
         assert not pattern.match(url), url
+    for url in ("https:///zebra.png", "https://:\U00024c52s", "http://user@:8080/", "http://h:1@/x"):
+        assert not pattern.match(url), url  # no host: the document refuses it, not only the policy
+
+
+URL_PATTERN = load_document("ovms.yaml")["components"]["schemas"]["ImageUrl"]["properties"]["url"]["pattern"]
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(url=st.from_regex(URL_PATTERN, fullmatch=True))
+def test_what_the_documents_pattern_admits_the_policy_never_calls_malformed(url: str):
+    """The schemathesis check `positive_data_acceptance`: a URL the document admits may be
+    refused by this server (403, 404) but never as malformed (400). The OVMS fuzz found
+    `https://:…`, which the old pattern (`https?://.+`) admitted and the policy called hostless."""
+
+    async def offline(host: str) -> list[str]:
+        if host not in NAMES:
+            raise OSError(f"unknown host {host}")
+        return NAMES[host]
+
+    try:
+        asyncio.run(MediaPolicy(Media(), offline).screen(request_with(url)))
+    except GatewayError as error:
+        assert type(error) is not BadRequest, (url, error.message)
 
 
 def test_the_body_is_left_as_it_was(media_dir: Path):
