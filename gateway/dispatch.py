@@ -180,17 +180,12 @@ class Dispatcher:
                             "time to first token",
                         )  # fmt: skip
                     except NOT_RETRIED as error:
-                        self.attempt_failed(span, error)
-                        watchdog.stop()
-                        await self.failed(live, replica, events, error, broken=False)
+                        await self.failed(live, replica, events, error, span, watchdog, broken=False)
                         raise
                     except RETRYABLE as error:
-                        self.attempt_failed(span, error)
-                        watchdog.stop()
                         # a busy replica (429) is not a broken one: no mark against its health
-                        await self.failed(
-                            live, replica, events, error, broken=not isinstance(error, TooManyRequests)
-                        )
+                        busy = isinstance(error, TooManyRequests)
+                        await self.failed(live, replica, events, error, span, watchdog, broken=not busy)
                         last_error = error
                         wait = retry_after(error)
                         if time.monotonic() + wait >= budget_ends or attempts >= config.retries.attempts:
@@ -271,14 +266,10 @@ class Dispatcher:
                 what = "idle between chunks" if idle <= remaining else "total time"
                 item = await watchdog.next(events, min(idle, remaining), what)
         except NOT_RETRIED as error:
-            self.attempt_failed(span, error)
-            watchdog.stop()
-            await self.failed(live, replica, events, error, broken=False)
+            await self.failed(live, replica, events, error, span, watchdog, broken=False)
             raise
         except RETRYABLE as error:
-            self.attempt_failed(span, error)
-            watchdog.stop()
-            await self.failed(live, replica, events, error)
+            await self.failed(live, replica, events, error, span, watchdog)
             raise
         except GatewayError as error:
             self.attempt_failed(span, error)
@@ -301,8 +292,14 @@ class Dispatcher:
         replica: Replica,
         events: EventStream,
         error: GatewayError,
+        span: Span | None,
+        watchdog: Watchdog,
         broken: bool = True,
     ) -> None:
+        """An attempt that ended in an upstream error: its span, its timer, the replica's health
+        (`broken`: a mark against it), the error counted, the upstream's stream closed."""
+        self.attempt_failed(span, error)
+        watchdog.stop()
         if broken:
             replica.failed()
         else:
