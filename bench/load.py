@@ -149,19 +149,6 @@ def parse_result(line: str, connections: int, rate: float | None) -> WrkResult:
     )
 
 
-def wrk(
-    url: str,
-    body: bytes,
-    headers: dict[str, str],
-    connections: int,
-    seconds: float,
-    core: str | None,
-    rate: float | None = None,
-) -> WrkResult:
-    """One wrk run of `seconds`, waited for."""
-    return WrkRun(url, body, headers, connections, seconds, core, rate).result()
-
-
 # ----- streams ------------------------------------------------------------------------------
 
 
