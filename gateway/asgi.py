@@ -9,7 +9,8 @@ from starlette.types import ASGIApp
 
 from gateway.access_log import AccessLog
 from gateway.app import create_app
-from gateway.config import ConfigError, load_settings
+from gateway.config import ConfigError
+from gateway.config_source import load_settings
 
 
 def create() -> ASGIApp:

@@ -10,7 +10,8 @@ import orjson
 import typer
 from pydantic import ValidationError
 
-from gateway.config import ConfigError, Key, Settings, load_settings
+from gateway.config import ConfigError, Key, Settings
+from gateway.config_source import load_settings, load_source
 from gateway.core.options import describe
 
 CONFIG_ENV = "CHATGATE_CONFIG"
@@ -67,7 +68,14 @@ def serve(
         fail(f"--workers: {workers} is not a number of processes (1 or more)")
     if port is not None and not 0 <= port <= 65535:
         fail(f"--port: {port} is not a port (0-65535)")
-    settings = settings_or_fail(config)
+    source = None
+    if config is None:
+        settings = settings_or_fail(None)
+    else:
+        try:
+            source, settings = load_source(config.resolve())
+        except ConfigError as error:
+            fail(str(error))
     options = ServeOptions(
         settings=settings,
         host=host or settings.server.host,
@@ -77,6 +85,7 @@ def serve(
         access_log=access_log,
         log_config=logging_config(log_level.lower(), log_format),
         config_path=config.resolve() if config is not None else None,
+        source=source,
     )
     try:
         code = run(options)
@@ -180,9 +189,12 @@ def keys_revoke(
         fail("keys revoke: --file is needed (keys written in the config are removed by editing it)")
     try:
         keys_file.revoke(file, name)
+        left = len(keys_file.read(file))
     except ConfigError as error:
         fail(str(error))
     typer.echo(f"revoked {name!r} in {file}")
+    if not left:
+        typer.echo("that was its last key: a gateway using this file now refuses every request")
 
 
 @keys_cli.command("list")

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from backends.base import BACKEND_KINDS
@@ -374,6 +372,13 @@ class TracingSettings(Strict):
 
 
 class Settings(Strict):
+    auth: Literal["keys", "none"] | None = Field(
+        default=None,
+        description='"keys": every request needs a key (with none configured, every request is '
+        'refused); "none": the gateway is open, and no keys may be configured. Absent: "keys" when '
+        "the config names keys or a keys_file, else none. A gateway that requires keys never "
+        "becomes open by a reload unless the new config says `auth: none`.",
+    )
     server: Server = Server()
     mounts: dict[str, str | None] = Field(
         default_factory=default_mounts, json_schema_extra=lambda schema: schema.update(mounts_schema())
@@ -431,8 +436,17 @@ class Settings(Strict):
             raise ValueError(f"key names must be unique (config and keys file): {', '.join(duplicates)}")
         return keys
 
+    @property
+    def keyed(self) -> bool:
+        """Whether every request needs a key."""
+        if self.auth is not None:
+            return self.auth == "keys"
+        return bool(self.keys) or self.keys_file is not None
+
     @model_validator(mode="after")
     def references_exist(self) -> Settings:
+        if self.auth == "none" and (self.keys or self.keys_file is not None):
+            raise ValueError("auth: none leaves the gateway open: it cannot have keys or a keys_file")
         names = {d.name for d in self.deployments}
         for index, key in enumerate(self.keys):
             unknown = sorted(set(key.deployments) - names - {"*"})
@@ -500,39 +514,3 @@ def check_backends(settings: Settings) -> None:
             except ValidationError as error:
                 problems = describe(error).replace("; ", f"; {where}.options.")
                 raise ConfigError(f"{where}.options.{problems} (replica {replica_name!r})") from None
-
-
-def read_yaml(path: str | Path, what: str) -> Any:
-    try:
-        return yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except OSError as error:
-        raise ConfigError(f"cannot read {what} {path}: {error.strerror or error}") from None
-    except yaml.YAMLError as error:
-        where = getattr(error, "problem_mark", None)
-        at = f" (line {where.line + 1}, column {where.column + 1})" if where is not None else ""
-        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
-        raise ConfigError(f"{what} {path} is not valid YAML{at}: {problem}") from None
-
-
-def load_settings(path: str | Path | None = None, environ: Mapping[str, str] | None = None) -> Settings:
-    """The config file (none: every dialect on echo), references expanded, the keys file's keys
-    added, fully validated."""
-    if path is None:
-        return Settings()
-    raw = read_yaml(path, "config") or {}
-    if not isinstance(raw, dict):
-        raise ConfigError(f"config {path}: the top level must be a mapping")
-    try:
-        raw = expand_references(raw, os.environ if environ is None else environ)
-        if raw.get("keys_file"):
-            more = read_yaml(raw["keys_file"], "keys file") or []
-            if not isinstance(more, list):
-                raise ConfigError(f"keys file {raw['keys_file']}: must be a list of keys")
-            raw = {**raw, "keys": [*(raw.get("keys") or []), *more]}
-        settings = Settings.model_validate(raw)
-        check_backends(settings)
-    except ValidationError as error:
-        raise ConfigError(f"invalid config {path}: {describe(error)}") from None
-    except ConfigError as error:
-        raise ConfigError(f"invalid config {path}: {error}") from None
-    return settings

@@ -12,13 +12,14 @@ from typing import Any
 import yaml
 
 from gateway.config import Key
+from gateway.config_source import parse_yaml
 from gateway.core.options import ConfigError
 
 
 def read(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
-    entries = yaml.safe_load(path.read_text(encoding="utf-8")) or []
+    entries = parse_yaml(path.read_bytes(), path, "keys file") or []
     if not isinstance(entries, list):
         raise ConfigError(f"keys file {path}: must be a list of keys")
     return entries

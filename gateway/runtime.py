@@ -57,7 +57,7 @@ class Runtime:
         self.started: int = previous.started if previous else int(time.time())
         self.router: Router = Router(settings.deployments, previous.router.deployments if previous else None)
         self.metrics: Metrics = previous.metrics if previous else Metrics()
-        self.keys = KeyStore(settings.keys)
+        self.keys = KeyStore(settings.keys, settings.keyed)
         same_store = previous is not None and previous.settings.rate_limits == settings.rate_limits
         self.limiter: Limiter = (
             previous.limiter if previous is not None and same_store else create_limiter(settings.rate_limits)

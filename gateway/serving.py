@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import logging.config
@@ -30,7 +31,9 @@ from typing import Any
 
 import uvicorn
 
-from gateway.config import ConfigError, Settings, load_settings
+from gateway.config import ConfigError, Settings
+from gateway.config_source import Source
+from gateway.config_watch import ConfigWatch
 from gateway.lifecycle import Lifecycle
 
 log = logging.getLogger("chatgate")
@@ -56,6 +59,7 @@ class ServeOptions:
     access_log: bool
     log_config: dict[str, Any]
     config_path: Path | None = None  # reloaded on SIGHUP or when it changes
+    source: Source | None = None  # the files the settings came from, as read
 
 
 def bind(host: str, port: int, reuse_port: bool) -> socket.socket:
@@ -88,54 +92,39 @@ def serve(options: ServeOptions) -> int:
 
 class GatewayServer(uvicorn.Server):
     """uvicorn's server with the gateway's way of stopping (see the module docstring) and of
-    taking a new config: SIGHUP, or a change to the config or keys file, reloads it (checked
-    first; a bad file is refused and logged, the running config stays)."""
+    taking a new config: SIGHUP, or a change to the config or keys file, reloads it
+    (gateway/config_watch.py: checked first; a refused file is logged once, the running config
+    stays)."""
 
-    def __init__(
-        self, config: uvicorn.Config, lifecycle: Lifecycle, settings: Settings, config_path: Path | None
-    ) -> None:
+    def __init__(self, config: uvicorn.Config, lifecycle: Lifecycle, options: ServeOptions) -> None:
         super().__init__(config)
         self.lifecycle = lifecycle
-        self.settings = settings
-        self.drain = settings.server.shutdown.drain
+        self.settings = options.settings
+        self.drain = self.settings.server.shutdown.drain
         self.drain_ends: float | None = None
-        self.config_path = config_path
+        self.watch = ConfigWatch(options.settings, options.source, log, options.config_path)
         self.reload_asked = False
-        self.watched = self.file_stamps()
         self.watched_at = time.monotonic()
         self.reloading: asyncio.Task[None] | None = None
         self.supervisor: int | None = None  # a worker's supervisor: when it is gone, stop too
-
-    def file_stamps(self) -> dict[Path, float]:
-        """The config file and the keys file it names, with their last modification times."""
-        files = [p for p in (self.config_path, self.settings.keys_file) if p is not None]
-        stamps = {}
-        for path in files:
-            with contextlib.suppress(OSError):
-                stamps[path] = path.stat().st_mtime
-        return stamps
 
     def ask_reload(self, sig: int, frame: Any) -> None:
         self.reload_asked = True
 
     async def reload(self, why: str) -> None:
-        if self.config_path is None:
-            log.warning("%s: no config file to reload (chatgate serve --config FILE)", why)
-            return
-        try:
-            settings = load_settings(self.config_path)
-        except ConfigError as error:
-            log.error("%s: reload refused, the running config stays: %s", why, error)
+        settings = self.watch.take(why)
+        if settings is None:
             return
         if (settings.server, settings.mounts) != (self.settings.server, self.settings.mounts):
             log.warning("%s: server and mounts settings change only with a restart", why)
         await self.lifecycle.reload(settings)
         self.settings = settings
-        self.watched = self.file_stamps()
         log.info(
             "%s: reloaded %s (%d deployments, %d keys)",
-            why, self.config_path, len(settings.deployments), len(settings.keys),
+            why, self.watch.config_path, len(settings.deployments), len(settings.keys),
         )  # fmt: skip
+        if settings.keyed and not settings.keys:
+            log.warning("no keys left: every request that needs a key is refused (401)")
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -176,7 +165,7 @@ class GatewayServer(uvicorn.Server):
             self.reload_asked, why = False, "SIGHUP"
         elif now - self.watched_at >= WATCH_SECONDS:
             self.watched_at = now
-            if self.file_stamps() != self.watched:
+            if self.watch.due():
                 why = "config changed"
         if why is not None and (self.reloading is None or self.reloading.done()):
             self.reloading = asyncio.get_running_loop().create_task(self.reload(why))
@@ -222,10 +211,12 @@ def run_worker(options: ServeOptions, sock: socket.socket, supervisor: int | Non
         # seconds (a float works; 0 must not read as None, "wait forever")
         timeout_graceful_shutdown=max(settings.server.shutdown.deadline, 0.001),  # type: ignore[arg-type]
     )
-    server = GatewayServer(config, lifecycle, settings, options.config_path)
+    server = GatewayServer(config, lifecycle, options)
     server.supervisor = supervisor
     host, port = sock.getsockname()[:2]
     log.info("chatgate serving on http://%s:%d (process %d)", host, port, os.getpid())
+    if settings.keyed and not settings.keys:
+        log.warning("no keys configured: every request that needs a key is refused (401)")
     try:
         server.run(sockets=[sock])
     except SystemExit as exit:  # uvicorn's own way out when the app's startup fails
@@ -247,6 +238,9 @@ class Supervisor:
         self.context = multiprocessing.get_context("spawn")
         self.processes: list[Any] = []
         self.stopping = threading.Event()
+        # the settings a worker started now gets: the files as they are, not as they were at start
+        self.watch = ConfigWatch(options.settings, options.source, None, options.config_path)
+        self.reload_asked = False
 
     def start(self, index: int) -> Any:
         process = self.context.Process(
@@ -272,7 +266,11 @@ class Supervisor:
         signal.signal(signal.SIGHUP, self.pass_on_sighup)
         try:
             self.processes = [self.start(i) for i in range(len(self.sockets))]
+            watched_at = time.monotonic()
             while not self.stopping.wait(0.2):
+                if self.reload_asked or time.monotonic() - watched_at >= WATCH_SECONDS:
+                    self.follow_files()
+                    watched_at = time.monotonic()
                 for index, process in enumerate(self.processes):
                     if process.is_alive():
                         continue
@@ -293,8 +291,16 @@ class Supervisor:
                 shutil.rmtree(metrics_dir, ignore_errors=True)
                 os.environ.pop(MULTIPROC_ENV, None)
 
+    def follow_files(self) -> None:
+        """Keep the settings a new worker gets as the workers keep theirs (each worker reloads on
+        its own and says so; the supervisor only follows)."""
+        asked, self.reload_asked = self.reload_asked, False
+        if (asked or self.watch.due()) and (settings := self.watch.take("supervisor")) is not None:
+            self.options = dataclasses.replace(self.options, settings=settings, source=self.watch.source)
+
     def pass_on_sighup(self, sig: int, frame: Any) -> None:
         """Each worker reloads on its own (each holds its own runtime)."""
+        self.reload_asked = True
         for process in self.processes:
             if process.is_alive() and process.pid is not None:
                 os.kill(process.pid, signal.SIGHUP)

@@ -8,7 +8,8 @@ import sys
 import httpx
 import pytest
 
-from gateway.config import ConfigError, load_settings
+from gateway.config import ConfigError
+from gateway.config_source import load_settings
 from tests.servers import ROOT, running_gateway
 
 

@@ -11,8 +11,8 @@ import orjson
 import pytest
 import yaml
 
-from gateway.config import load_settings
 from gateway.config_schema import config_json_schema
+from gateway.config_source import load_settings
 from tests.servers import ROOT
 
 SCHEMA_FILE = ROOT / "docs" / "config.schema.json"

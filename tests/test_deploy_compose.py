@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from backends.tgi import TGIBackend
-from gateway.config import load_settings
+from gateway.config_source import load_settings
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 COMPOSE = DEPLOY / "compose.tgi.yaml"

@@ -20,7 +20,8 @@ import pytest
 import yaml
 
 from backends.tgi import TGIBackend
-from gateway.config import ConfigError, Settings, load_settings
+from gateway.config import ConfigError, Settings
+from gateway.config_source import load_settings
 from gateway.policy.auth import new_key
 from tests.servers import ROOT
 

@@ -12,7 +12,8 @@ import pytest
 import yaml
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from gateway.config import ConfigError, load_settings
+from gateway.config import ConfigError
+from gateway.config_source import load_settings
 from gateway.policy.token_count import PromptCounter, estimate
 from tests.servers import running_gateway
 

@@ -1,6 +1,7 @@
 """Who is calling: API keys, stored as SHA-256 hashes and compared in constant time, presented
 the ways each operation's document says (its security schemes: a Bearer token, an `api-key`
-header …). With no keys configured the gateway is open."""
+header …). The gateway is open only when the settings say so (no keys and no keys file, or
+`auth: none`); one that requires keys and has none left refuses every request."""
 
 from __future__ import annotations
 
@@ -44,12 +45,14 @@ ANONYMOUS = Caller(None)
 
 
 class KeyStore:
-    def __init__(self, keys: list[Key]) -> None:
+    def __init__(self, keys: list[Key], required: bool | None = None) -> None:
+        """`required`: whether every request needs a key (default: when there are keys)."""
         self.keys = [(bytes.fromhex(k.sha256), k) for k in keys]
+        self.required = bool(keys) if required is None else required
 
     @property
     def enabled(self) -> bool:
-        return bool(self.keys)
+        return self.required
 
     def find(self, presented: str) -> Key | None:
         """The key whose hash matches; every stored hash is compared, in constant time."""
