@@ -36,6 +36,7 @@ from gateway.spec import DialectSpec, load_document
 
 log = logging.getLogger("chatgate")
 YOUNG_GC_THRESHOLD = 20_000
+RETIRE_MARGIN = 5.0  # seconds past the longest request's limit before a retired runtime closes
 JSON = "application/json"
 
 
@@ -90,8 +91,8 @@ def not_found(fallback: OpenAIShaped) -> ASGIApp:
 class Live:
     """What requests are answered with now: the runtime, and the operations' handlers built on it.
     A reload builds the next from new settings and swaps it whole; requests in flight finish on
-    the one they started with, and what the new one did not take over is closed after the
-    shutdown deadline (time enough for them)."""
+    the one they started with, and what the new one did not take over is closed when the last of
+    them has ended (or has run past its deployment's total timeout, when it ends anyway)."""
 
     def __init__(
         self, settings: Settings, mounted: list[tuple[Dialect, str]], translators: dict[str, Any]
@@ -130,15 +131,15 @@ class Live:
         if self.front_door is not None:
             self.front_door.key_store = runtime.keys
             self.front_door.tracing = runtime.tracing
-        task = asyncio.get_running_loop().create_task(
-            self.retire(previous, settings.server.shutdown.deadline)
-        )
+        task = asyncio.get_running_loop().create_task(self.retire(previous, runtime))
         self.retiring.add(task)
         task.add_done_callback(self.retiring.discard)
 
-    async def retire(self, previous: Runtime, after: float) -> None:
-        await asyncio.sleep(after)
-        await previous.retire(self.runtime)
+    @staticmethod
+    async def retire(previous: Runtime, successor: Runtime) -> None:
+        if not await previous.finished(previous.longest_request + RETIRE_MARGIN):
+            log.warning("reload: %d requests still running past their time limit", previous.in_flight)
+        await previous.retire(successor)
 
 
 def create_app(

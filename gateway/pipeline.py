@@ -45,6 +45,19 @@ class ChatPipeline:
         self.max_response_bytes = runtime.settings.server.max_response_bytes
 
     async def __call__(self, call: Call) -> Response:
+        """Counted on the runtime from here until the answer has ended (a stream's last chunk):
+        a reload closes what it retires only when its requests have ended."""
+        self.runtime.began()
+        streaming = False
+        try:
+            response = await self.answer(call)
+            streaming = isinstance(response, EventStreamResponse)
+            return response
+        finally:
+            if not streaming:
+                self.runtime.ended()
+
+    async def answer(self, call: Call) -> Response:
         translator, runtime = self.translator, self.runtime
         request = translator.read(call.body)
         request.trace = call.record.ids = Trace.of(call.request_id, call.headers)
@@ -90,6 +103,7 @@ class ChatPipeline:
             framing.media_type,
             admission.headers,
             call.record,
+            on_end=runtime.ended,
         )
 
     def rendered(self, answer: Answer, item: Item, state: StreamState) -> bytes:

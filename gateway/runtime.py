@@ -3,6 +3,7 @@ route → who may use what → extra parameters → capabilities → content fil
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -71,6 +72,32 @@ class Runtime:
         self.counters = {d.name: PromptCounter(d.tokenizer) for d in settings.deployments}
         self.media = MediaPolicy(settings.media)
         self.key_limits = {k.name: buckets_for(f"key:{k.name}", k.limits) for k in settings.keys}
+        self.in_flight = 0  # chat requests begun on this runtime and not yet ended
+        self.drained: asyncio.Event | None = None  # set when in_flight reaches 0, once asked for
+
+    def began(self) -> None:
+        self.in_flight += 1
+
+    def ended(self) -> None:
+        self.in_flight -= 1
+        if not self.in_flight and self.drained is not None:
+            self.drained.set()
+
+    async def finished(self, timeout: float) -> bool:
+        """Wait until every request begun on this runtime has ended (True), at most `timeout`."""
+        if not self.in_flight:
+            return True
+        self.drained = self.drained or asyncio.Event()
+        try:
+            await asyncio.wait_for(self.drained.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    @property
+    def longest_request(self) -> float:
+        """The most seconds a request may take here (its deployment's total timeout)."""
+        return max(d.timeouts.total for d in self.settings.deployments)
 
     async def admit(
         self,
@@ -166,7 +193,7 @@ class Runtime:
         await self.router.aclose()
         await self.limiter.aclose()
         if self.tracing is not None:
-            self.tracing.shutdown()
+            await self.tracing.aclose()
 
     async def retire(self, successor: Runtime) -> None:
         """Close what this runtime had and its successor did not take over."""
@@ -178,4 +205,4 @@ class Runtime:
         if self.limiter is not successor.limiter:
             await self.limiter.aclose()
         if self.tracing is not None and self.tracing is not successor.tracing:
-            self.tracing.shutdown()
+            await self.tracing.aclose()

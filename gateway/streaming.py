@@ -9,7 +9,7 @@ client going away and then cancels the sending, so a stalled upstream is hung up
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
@@ -25,8 +25,10 @@ class EventStreamResponse(Response):
         media_type: str,
         raw_headers: list[tuple[bytes, bytes]],
         record: RequestRecord | None = None,
+        on_end: Callable[[], None] | None = None,
     ) -> None:
         self.record = record  # says how the stream ended, when the client ended it
+        self.on_end = on_end  # called once the stream has ended, however it ended
         self.body_iterator = body
         self.status_code = 200
         self.media_type = media_type
@@ -63,6 +65,10 @@ class EventStreamResponse(Response):
         finally:
             state["sending"] = False
             listener.cancel()
-            aclose = getattr(self.body_iterator, "aclose", None)
-            if aclose is not None:
-                await aclose()
+            try:
+                aclose = getattr(self.body_iterator, "aclose", None)
+                if aclose is not None:
+                    await aclose()
+            finally:
+                if self.on_end is not None:
+                    self.on_end()

@@ -16,8 +16,11 @@ third of a traced one. Such a request's upstream gets the caller's `traceparent`
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import random
+import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +31,10 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer
 
     from gateway.record import RequestRecord
+
+# Seconds a shutdown waits for the exporter to send what it holds: a collector that does not
+# answer must hold up neither a reload nor SIGTERM (the spans it would not take are dropped).
+SHUTDOWN_SECONDS = 2.0
 
 # what each backend kind is, in gen_ai.system's words
 GEN_AI_SYSTEMS = {
@@ -58,7 +65,10 @@ class Tracing:
         )
         self.sample_ratio = settings.sample_ratio
         # sampled() has decided before a span is started: the SDK keeps what it is given
-        self.provider = TracerProvider(resource=resource, sampler=ParentBased(ALWAYS_ON))
+        # shut down by aclose(), bounded: the SDK's own exit hook waits on the exporter unbounded
+        self.provider = TracerProvider(
+            resource=resource, sampler=ParentBased(ALWAYS_ON), shutdown_on_exit=False
+        )
         if settings.exporter == "otlp":
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
@@ -148,8 +158,26 @@ class Tracing:
             span.set_status(Status(StatusCode.ERROR, record.error_code or str(record.status)))
         span.end()
 
-    def shutdown(self) -> None:
-        self.provider.shutdown()
+    async def aclose(self, timeout: float = SHUTDOWN_SECONDS) -> None:
+        """Flush and shut the exporter down off the event loop, waiting at most `timeout`: the
+        SDK's shutdown blocks until its exporter gives up (a hung collector: 10 s and more)."""
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+
+        def shut() -> None:
+            try:
+                self.provider.shutdown()
+            finally:
+                loop.call_soon_threadsafe(finished)
+
+        def finished() -> None:
+            if not done.done():
+                done.set_result(None)
+
+        # a daemon thread: one still waiting on the collector does not hold the process's exit
+        threading.Thread(target=shut, name="chatgate-tracing-shutdown", daemon=True).start()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(done, timeout)
 
 
 def create_tracing(settings: TracingSettings) -> Tracing | None:
