@@ -43,7 +43,14 @@ from backends.upstream_client import (
     UpstreamResponse,
 )
 from backends.upstream_options import NetworkOptions
-from backends.upstream_status import CREDENTIALS, Answer, StatusTable, UpstreamFailure, status_error
+from backends.upstream_status import (
+    CREDENTIALS,
+    Answer,
+    StatusTable,
+    UpstreamFailure,
+    client_safe,
+    status_error,
+)
 from gateway.core.canonical import (
     FROM_TOKEN,
     ChatRequest,
@@ -69,10 +76,11 @@ from gateway.core.errors import (
     GatewayError,
     GatewayTimeout,
     NotFound,
-    ServiceUnavailable,
     TooManyRequests,
     UnprocessableContent,
     UpstreamAnswerTooLarge,
+    UpstreamBusy,
+    UpstreamUnreachable,
 )
 from gateway.core.options import from_file
 from gateway.core.parameters import requested
@@ -122,7 +130,8 @@ UPSTREAM_STATUSES = StatusTable(
         # its words are about the gateway's account with it (quotas, plans), not the client's
         429: Answer(TooManyRequests, BUSY, keeps_retry_after=True),
         "4xx": Answer(BadRequest, names_param=True),
-        "5xx": Answer(BadGateway, "{upstream} failed ({status}): {message}"),
+        # a failing server's own words (tracebacks, paths) stay in the log
+        "5xx": Answer(BadGateway, "{upstream} failed on this request (HTTP {status})."),
     },
 )
 
@@ -321,7 +330,7 @@ class OpenAICompatibleBackend:
                     timeout.reschedule(deadline)
                     raw = await answer.read()
             if status >= 400:
-                raise self.status_error(status, raw, answer.headers)
+                raise self.status_error(status, raw, answer.headers, request.trace.request_id)
             if not 200 <= status < 300:
                 raise BadGateway(f"The upstream model server answered HTTP {status}, not a completion.")
             if decoder is not None:
@@ -364,7 +373,7 @@ class OpenAICompatibleBackend:
             raise BadGateway("The upstream closed the stream before the answer was finished.")
         if state.usage is None:
             self.warn_no_usage()
-        yield [*state.close(), state.usage or Usage(0, state.fragments)]
+        yield [*state.close(), state.usage or Usage(request.prompt_tokens, state.fragments)]
         if decoder.done:  # read the stream's end so the connection can be reused
             try:
                 async with asyncio.timeout(DRAIN_AFTER_DONE_SECONDS):
@@ -416,7 +425,7 @@ class OpenAICompatibleBackend:
             raise malformed(exc) from None
         if usage is None:
             self.warn_no_usage()
-            usage = Usage(0, fragments)
+            usage = Usage(request.prompt_tokens, fragments)
         events.append(usage)
         return mark_last_text(events)
 
@@ -425,7 +434,7 @@ class OpenAICompatibleBackend:
             self._warned_no_usage = True
             log.warning(
                 "upstream %s sent no usage: completion tokens are estimated (chunks seen), "
-                "prompt tokens reported as 0",
+                "prompt tokens as counted at admission (the deployment's tokenizer, else estimated)",
                 self.shown_url,
             )
 
@@ -435,23 +444,35 @@ class OpenAICompatibleBackend:
         """A failure to talk to the upstream, as the gateway error the client gets."""
         log.warning("upstream %s: %s: %s", self.shown_url, type(exc).__name__, exc)
         if isinstance(exc, PoolBusy):
-            return ServiceUnavailable("All connections to the upstream are busy; try again later.")
+            return UpstreamBusy("All connections to the upstream are busy; try again later.")
         if isinstance(exc, ConnectFailed):  # refused, unresolvable, TLS or proxy failed, or too slow
-            return ServiceUnavailable("The upstream model server cannot be reached.")
+            return UpstreamUnreachable("The upstream model server cannot be reached.")
         if isinstance(exc, TimeoutError):
             return GatewayTimeout(f"The upstream model server did not answer in time ({elapsed:.1f} s).")
         if isinstance(exc, TooLarge):
             return UpstreamAnswerTooLarge(f"The upstream model server's answer is too large: {exc}.")
         return BadGateway(f"The upstream model server's answer could not be read: {exc}.")
 
-    def status_error(self, status: int, raw: bytes, headers: Mapping[str, str]) -> GatewayError:
-        """An upstream error response, as the gateway error the client gets."""
+    def status_error(
+        self, status: int, raw: bytes, headers: Mapping[str, str], request_id: str = ""
+    ) -> GatewayError:
+        """An upstream error response, as the gateway error the client gets (a 5xx's words stay
+        here, in the log under the gateway's request id)."""
         message, param = error_message(raw)
         if UPSTREAM_STATUSES.answers.get(status) is CREDENTIALS:
             log.error("upstream %s refused the gateway's credentials (%d)", self.shown_url, status)
         else:
-            log.info("upstream %s answered %d: %s", self.shown_url, status, message)
-        failure = UpstreamFailure(status, in_our_words(message, param), param, headers.get("retry-after"))
+            level = logging.WARNING if status >= 500 else logging.INFO
+            log.log(
+                level, "request %s: upstream %s answered %d: %s", request_id, self.shown_url, status, message
+            )
+        failure = UpstreamFailure(
+            status,
+            in_our_words(message, param),
+            param,
+            headers.get("retry-after"),
+            headers.get("x-request-id"),
+        )
         return status_error(UPSTREAM_STATUSES, failure)
 
 
@@ -746,6 +767,8 @@ def error_message(raw: bytes) -> tuple[str, str | None]:
 
 
 def stream_error(error: Any) -> GatewayError:
-    """An error the upstream sent in place of a completion or chunk."""
+    """An error the upstream sent in place of a completion or chunk (its words made safe)."""
     message = error.get("message") if isinstance(error, dict) else error
-    return BadGateway(f"The upstream model server reported an error: {message}")
+    log.warning("upstream reported an error in its answer: %s", message)
+    shown = client_safe(message if isinstance(message, str) else orjson.dumps(message).decode())
+    return BadGateway(f"The upstream model server reported an error: {shown}")

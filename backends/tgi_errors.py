@@ -27,10 +27,13 @@ from gateway.core.errors import (
     ServiceUnavailable,
     TooManyRequests,
     UnprocessableContent,
+    UpstreamUnreachable,
 )
 
 TIMED_OUT = Answer(GatewayTimeout, "TGI timed out: {message}")
 ANSWERED = Answer(BadGateway, "TGI answered HTTP {status}: {message}")
+# a 5xx is said in the gateway's words: a failing server's own (tracebacks, paths) stay in the log
+FAILED = Answer(BadGateway, "TGI failed on this request (HTTP {status}).")
 STATUSES = StatusTable(
     "TGI",
     {
@@ -49,10 +52,10 @@ STATUSES = StatusTable(
         429: Answer(
             TooManyRequests, "TGI is overloaded: {message}", keeps_retry_after=True, retry_after_default="1"
         ),
-        503: Answer(ServiceUnavailable, "TGI is unavailable: {message}"),
-        504: TIMED_OUT,
+        503: Answer(ServiceUnavailable, "TGI is unavailable (HTTP 503)."),
+        504: Answer(GatewayTimeout, "TGI timed out (HTTP 504)."),
         "4xx": ANSWERED,
-        "5xx": ANSWERED,
+        "5xx": FAILED,
     },
 )
 # TGI's error_type, when it sends one, says which of its statuses the error is.
@@ -125,7 +128,7 @@ def upstream_error(error: Exception) -> GatewayError:
         case HfHubHTTPError():
             return error_for_response(error.response)
         case httpx2.ConnectError():
-            return ServiceUnavailable("TGI is not reachable (connection refused or no route).")
+            return UpstreamUnreachable("TGI is not reachable (connection refused or no route).")
         case httpx2.TransportError():
             return BadGateway(f"The connection to TGI broke: {type(error).__name__}.")
         case _:

@@ -55,5 +55,7 @@ class AccessLog:
             "retries": trace.retries,
             "error": trace.error_code or None,
             "upstream_request_id": trace.upstream_request_id,
+            # the id the upstream got: the gateway's own (a client's id may be anything)
+            "sent_request_id": trace.ids.sent_request_id if trace.ids is not None else None,
         }
         self.sink.write_line(orjson.dumps(record).decode() + "\n")

@@ -114,10 +114,14 @@ class Retries(Strict):
 
 
 class Health(Strict):
-    """Passive health: consecutive failures eject a replica for a cool-down, then it is probed."""
+    """Passive health (outlier detection, as Envoy does it): a replica is ejected for `cooldown`
+    seconds after `failures` failures in a row — 5xx or broken answers, each from a different
+    request that another replica then answered — or at once when it cannot be reached or does
+    not answer in time; then one request probes it. A request that fails the same way on every
+    replica it tried is that request's failure and counts against none."""
 
-    failures: int = Field(default=3, ge=1)
-    cooldown: float = Field(default=30.0, gt=0)
+    failures: int = Field(default=5, ge=1, description="consecutive failures that eject a replica")
+    cooldown: float = Field(default=30.0, gt=0, description="seconds an ejected replica is left alone")
 
 
 class Deployment(Strict):

@@ -8,7 +8,7 @@ import asyncio
 import random
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from gateway.core.canonical import (
     ChatRequest,
@@ -26,7 +26,9 @@ from gateway.core.errors import (
     ServiceUnavailable,
     TooManyRequests,
     UpstreamAnswerTooLarge,
+    UpstreamBusy,
     UpstreamRefused,
+    UpstreamUnreachable,
 )
 from gateway.metrics import Metrics
 from gateway.record import RequestRecord
@@ -44,6 +46,28 @@ RETRYABLE = (BadGateway, ServiceUnavailable, TooManyRequests, GatewayTimeout)
 # ... except these, which another try gets again: the gateway's credentials refused (401/403),
 # an answer too large to relay. No health mark either.
 NOT_RETRIED = (UpstreamRefused, UpstreamAnswerTooLarge)
+
+
+Verdict = Literal["busy", "down", "failed", "failed-now", "none"]
+
+
+def verdict_of(error: GatewayError) -> Verdict:
+    """What an upstream failure says of the replica that gave it."""
+    if isinstance(error, TooManyRequests | UpstreamBusy):
+        return "busy"  # it said so (429), or its connections are all taken: not broken
+    if isinstance(error, UpstreamUnreachable | GatewayTimeout):
+        return "down"
+    return "failed"
+
+
+def request_failed(error: GatewayError, replicas: int) -> GatewayError:
+    """A request that failed the same way on every replica it tried: its own failure, counted
+    against none of them (its status and headers kept)."""
+    where = "its only replica" if replicas <= 1 else f"{replicas} replicas"
+    message = f"{error.message.rstrip('.')} (on {where}; not tried again)."
+    failure = type(error)(message, code=error.code, headers=error.headers)
+    failure.__cause__ = error
+    return failure
 
 
 def retry_after(error: GatewayError) -> float:
@@ -138,26 +162,28 @@ class Dispatcher:
         record: RequestRecord,
         on_usage: Callable[[Usage], Awaitable[None]] | None = None,
     ) -> EventStream:
-        """The answer's events; `on_usage` hears the usage as it passes (to charge for it)."""
+        """The answer's events; `on_usage` hears the usage as it passes (to charge for it).
+
+        Before the first event, a failed attempt is tried again elsewhere by what it says of the
+        replica (`verdict_of`): busy → another replica, or the same after its Retry-After; down
+        (unreachable, or no answer in time) → ejected at once, another replica; failed (a 5xx, a
+        broken answer) → never that replica again for this request, and one more attempt on
+        another. The failure is held against the replica only if another one then answers: a
+        request that fails the same way everywhere it went is that request's failure."""
         config = deployment.config
         started = time.monotonic()
         budget_ends = started + config.retries.budget
         deadline = started + config.timeouts.total
         attempts = 0
         tried: set[str] = set()
+        never_again: set[str] = set()  # replicas this request does not go back to
+        suspects: list[tuple[LiveDeployment, Replica]] = []  # failed it; marked if another answers
         busy_until: dict[str, float] = {}
         last_error: GatewayError | None = None
         chain = deployment.chain()
         for live in chain:
             while attempts < config.retries.attempts:
-                replica = live.pick(tried, self.rng)
-                if replica is None and live is chain[-1]:  # nowhere else to go: try one again …
-                    replica = live.pick(set(), self.rng)
-                    if replica is None:
-                        # … and with every replica ejected, one anyway (panic routing): an
-                        # upstream that is back serves at once, not after its cool-down
-                        replica = live.pick_ejected(tried, self.rng)
-                        self.metrics.panic(live.name)
+                replica = self.choose(live, tried, never_again, last_resort=live is chain[-1])
                 if replica is None:
                     break
                 if replica.name in busy_until:  # it said when to come back; wait if we can
@@ -180,16 +206,21 @@ class Dispatcher:
                             "time to first token",
                         )  # fmt: skip
                     except NOT_RETRIED as error:
-                        await self.failed(live, replica, events, error, span, watchdog, broken=False)
+                        await self.failed(live, replica, events, error, span, watchdog, verdict="none")
                         raise
                     except RETRYABLE as error:
-                        # a busy replica (429) is not a broken one: no mark against its health
-                        busy = isinstance(error, TooManyRequests)
-                        await self.failed(live, replica, events, error, span, watchdog, broken=not busy)
+                        verdict = verdict_of(error)
+                        await self.failed(live, replica, events, error, span, watchdog, verdict)
+                        if verdict == "failed" or isinstance(error, GatewayTimeout):
+                            never_again.add(replica.name)  # it had its chance at this request
+                        if verdict == "failed":
+                            if suspects:  # a second replica failed it: the request's own failure
+                                raise request_failed(error, len(suspects) + 1) from None
+                            suspects.append((live, replica))
                         last_error = error
                         wait = retry_after(error)
                         if time.monotonic() + wait >= budget_ends or attempts >= config.retries.attempts:
-                            raise
+                            raise request_failed(error, len(suspects)) if suspects else error from None
                         if wait:
                             busy_until[replica.name] = time.monotonic() + wait
                         record.retries += 1
@@ -203,6 +234,11 @@ class Dispatcher:
                     relayed = self.relay(
                         live, replica, events, first, deadline, record, begun, watchdog, on_usage, span
                     )
+                    if suspects:  # another replica answered: those that failed it are to blame
+                        for suspect_live, suspect in suspects:
+                            suspect.count_failure()
+                            self.metrics.replica_health(suspect_live.name, suspect)
+                        suspects.clear()
                     async for event in relayed:
                         yield event
                     return
@@ -210,12 +246,27 @@ class Dispatcher:
                     if span is not None:
                         span.end()
         if last_error is not None:
-            raise last_error
+            raise request_failed(last_error, len(suspects)) if suspects else last_error
         raise ServiceUnavailable(
             f"No healthy replica of '{deployment.name}' can take the request now.",
             code="NoHealthyReplica",
             headers={"Retry-After": str(max(1, int(deployment.config.health.cooldown)))},
         )
+
+    def choose(
+        self, live: LiveDeployment, tried: set[str], never_again: set[str], last_resort: bool
+    ) -> Replica | None:
+        """The next replica to try: one not tried yet; on the last deployment of the chain, one
+        tried already (it may have been a blip), and with every replica ejected, one anyway
+        (panic routing: an upstream that is back serves at once, not after its cool-down)."""
+        replica = live.pick(tried | never_again, self.rng)
+        if replica is None and last_resort:
+            replica = live.pick(never_again, self.rng)
+            if replica is None:
+                replica = live.pick_ejected(tried, never_again, self.rng)
+                if replica is not None:
+                    self.metrics.panic(live.name)
+        return replica
 
     async def relay(
         self,
@@ -266,10 +317,14 @@ class Dispatcher:
                 what = "idle between chunks" if idle <= remaining else "total time"
                 item = await watchdog.next(events, min(idle, remaining), what)
         except NOT_RETRIED as error:
-            await self.failed(live, replica, events, error, span, watchdog, broken=False)
+            await self.failed(live, replica, events, error, span, watchdog, verdict="none")
             raise
         except RETRYABLE as error:
-            await self.failed(live, replica, events, error, span, watchdog)
+            # the answer had begun: a replica that breaks off (or goes quiet) is to blame
+            verdict = verdict_of(error)
+            await self.failed(
+                live, replica, events, error, span, watchdog, "failed-now" if verdict == "failed" else verdict
+            )
             raise
         except GatewayError as error:
             self.attempt_failed(span, error)
@@ -294,13 +349,17 @@ class Dispatcher:
         error: GatewayError,
         span: Span | None,
         watchdog: Watchdog,
-        broken: bool = True,
+        verdict: Verdict = "failed-now",
     ) -> None:
         """An attempt that ended in an upstream error: its span, its timer, the replica's health
-        (`broken`: a mark against it), the error counted, the upstream's stream closed."""
+        (by the verdict: "down" ejects it, "failed-now" marks it, "failed" leaves the mark to
+        the request's later attempts, "busy" and "none" mark nothing), the error counted, the
+        upstream's stream closed."""
         self.attempt_failed(span, error)
         watchdog.stop()
-        if broken:
+        if verdict == "down":
+            replica.eject()
+        elif verdict == "failed-now":
             replica.failed()
         else:
             replica.finished_without_verdict()

@@ -40,7 +40,7 @@ from gateway.core.errors import (
     UnsupportedMediaType,
     error_for_status,
 )
-from gateway.core.ids import random_hex
+from gateway.core.ids import new_request_id
 from gateway.dialects.shape import OpenAIShaped
 from gateway.metrics import Metrics
 from gateway.policy.auth import ANONYMOUS, KeyStore, Scheme, authenticate, schemes_of
@@ -273,7 +273,7 @@ class FrontDoor(SpecMiddleware):
                 request_id = value
                 break
         if not request_id:
-            request_id = random_hex().encode()
+            request_id = new_request_id().encode()
         operation, path_params, methods = self.find(path, "GET" if method == "HEAD" else method)
         if operation is None or method == "HEAD":
             if method in ("GET", "HEAD") and (document := self.documents.get(path)) is not None:

@@ -20,7 +20,13 @@ WILDCARD = "*"
 
 @dataclass(slots=True)
 class Replica:
-    """One backend instance, with the passive-health state kept for it."""
+    """One backend instance, with the passive-health state kept for it.
+
+    Outlier detection as Envoy does it: a replica is ejected for `cooldown` seconds after
+    `failures_to_eject` failures in a row, each from a different request that another replica
+    then answered (a request that fails the same way everywhere is that request's fault, and
+    marks nothing), or at once when it cannot be reached or does not answer in time. After the
+    cool-down one request probes it."""
 
     name: str
     weight: float
@@ -54,17 +60,27 @@ class Replica:
         self.consecutive_failures = 0
         self.probing = False
 
-    def failed(self) -> None:
+    def finished_without_verdict(self) -> None:
+        """The attempt ended with no health signal yet (the client went away, the request was
+        refused for its own sake, or its verdict waits on another replica)."""
         self.outstanding -= 1
         self.probing = False
+
+    def failed(self) -> None:
+        """An attempt that failed by the replica's fault: one more in a row."""
+        self.finished_without_verdict()
+        self.count_failure()
+
+    def count_failure(self) -> None:
         self.consecutive_failures += 1
         if self.consecutive_failures >= self.failures_to_eject:
             self.ejected_until = time.monotonic() + self.cooldown
 
-    def finished_without_verdict(self) -> None:
-        """The client went away or the request was refused for its own sake: no health signal."""
-        self.outstanding -= 1
-        self.probing = False
+    def eject(self) -> None:
+        """Out at once (it cannot be reached, or did not answer in time)."""
+        self.finished_without_verdict()
+        self.consecutive_failures = max(self.consecutive_failures + 1, self.failures_to_eject)
+        self.ejected_until = time.monotonic() + self.cooldown
 
 
 @dataclass(slots=True)
@@ -98,10 +114,13 @@ class LiveDeployment:
         candidates = [r for r in self.replicas if r.name not in exclude and r.available(now)]
         return two_choices(candidates, rng) if candidates else None
 
-    def pick_ejected(self, exclude: set[str], rng: random.Random) -> Replica:
+    def pick_ejected(self, exclude: set[str], never: set[str], rng: random.Random) -> Replica | None:
         """A replica when none is available (every one ejected), chosen as `pick` chooses, one
-        not tried yet if there is one: panic routing, as Envoy's panic threshold does it."""
-        return two_choices([r for r in self.replicas if r.name not in exclude] or self.replicas, rng)
+        not tried yet if there is one: panic routing, as Envoy's panic threshold does it.
+        `never`: replicas this request must not go back to."""
+        allowed = [r for r in self.replicas if r.name not in never]
+        fresh = [r for r in allowed if r.name not in exclude]
+        return two_choices(fresh or allowed, rng) if allowed else None
 
     def chain(self) -> list[LiveDeployment]:
         """This deployment, then its fallbacks in preference order."""

@@ -117,7 +117,7 @@ class Runtime:
         policy = resolve_policy(headers.get(EXTRA_PARAMS_HEADER), deployment.config.extra_parameters)
         apply_extra_params(request, policy)
         request.deployment = deployment.name
-        prompt_tokens = await self.counters[deployment.name].count(request.messages)
+        prompt_tokens = request.prompt_tokens = await self.counters[deployment.name].count(request.messages)
         capabilities.check(request, deployment.capabilities, prompt_tokens)
         if request.max_tokens is None:  # bounded like a model's answer, where the deployment says
             request.max_tokens = deployment.capabilities.default_max_tokens

@@ -56,8 +56,8 @@ STREAM = [
 class FaultUpstream(LoopbackServer):
     thread_name = "fault-upstream"
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, port: int = 0) -> None:
+        super().__init__(port)
         self.counts: Counter[str] = Counter()
         self.open_connections = 0
         self.answering: Counter[str] = Counter()  # requests being answered now, by behaviour

@@ -12,7 +12,8 @@ class LoopbackServer:
     thread_name = "loopback-server"
     ssl_context: ssl.SSLContext | None = None  # set for a TLS server
 
-    def __init__(self) -> None:
+    def __init__(self, port: int = 0) -> None:
+        self.port = port  # 0: any free one
         self.loop = asyncio.new_event_loop()
         self.tasks: set[asyncio.Task] = set()
         self.url = ""
@@ -25,7 +26,7 @@ class LoopbackServer:
 
         def run() -> None:
             asyncio.set_event_loop(self.loop)
-            serving = asyncio.start_server(self.handle, "127.0.0.1", 0, ssl=self.ssl_context)
+            serving = asyncio.start_server(self.handle, "127.0.0.1", self.port, ssl=self.ssl_context)
             self.server = self.loop.run_until_complete(serving)
             scheme = "https" if self.ssl_context is not None else "http"
             self.url = f"{scheme}://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"

@@ -15,7 +15,7 @@ from tests.servers import running_gateway
 FIELDS = {
     "ts", "request_id", "method", "path", "dialect", "deployment", "replica", "key", "status",
     "latency_ms", "ttft_ms", "stream", "prompt_tokens", "completion_tokens", "cost", "retries", "error",
-    "upstream_request_id",
+    "upstream_request_id", "sent_request_id",
 }  # fmt: skip
 USER = [{"role": "user", "content": "a secret message"}]
 

@@ -35,8 +35,8 @@ OPENAI_CASES: list[tuple[int, tuple[int, str, Any, Any, Any]]] = [
             "7",
         ),
     ),
-    (500, (502, "The upstream model server failed (500): bad", None, None, None)),
-    (503, (502, "The upstream model server failed (503): bad", None, None, None)),
+    (500, (502, "The upstream model server failed on this request (HTTP 500).", None, None, None)),
+    (503, (502, "The upstream model server failed on this request (HTTP 503).", None, None, None)),
 ]
 TGI_CASES: list[tuple[int, tuple[int, str, Any, Any, Any]]] = [
     (400, (502, "TGI answered HTTP 400: bad", None, None, None)),
@@ -46,9 +46,9 @@ TGI_CASES: list[tuple[int, tuple[int, str, Any, Any, Any]]] = [
     (422, (422, "TGI refused the request: bad", "temperature", ["body", "temperature"], None)),
     (424, (502, "TGI failed during generation: bad", None, None, None)),
     (429, (429, "TGI is overloaded: bad", None, None, "7")),
-    (500, (502, "TGI answered HTTP 500: bad", None, None, None)),
-    (503, (503, "TGI is unavailable: bad", None, None, None)),
-    (504, (504, "TGI timed out: bad", None, None, None)),
+    (500, (502, "TGI failed on this request (HTTP 500).", None, None, None)),
+    (503, (503, "TGI is unavailable (HTTP 503).", None, None, None)),
+    (504, (504, "TGI timed out (HTTP 504).", None, None, None)),
 ]
 
 
@@ -99,7 +99,52 @@ def test_tgi_says_overloaded_with_a_retry_after_of_its_own_and_names_the_paramet
 def test_a_table_must_answer_credentials_and_every_other_status() -> None:
     with pytest.raises(ValueError, match="5xx"):
         StatusTable("X", {401: CREDENTIALS, 403: CREDENTIALS, "4xx": Answer(BadGateway)})
+    with pytest.raises(ValueError, match="repeats the upstream's words"):
+        StatusTable(
+            "X", {401: CREDENTIALS, 403: CREDENTIALS, "4xx": Answer(BadGateway), "5xx": Answer(BadGateway)}
+        )
     table = StatusTable(
-        "X", {401: CREDENTIALS, 403: CREDENTIALS, "4xx": Answer(BadGateway), "5xx": Answer(BadGateway)}
+        "X",
+        {
+            401: CREDENTIALS,
+            403: CREDENTIALS,
+            "4xx": Answer(BadGateway),
+            "5xx": Answer(BadGateway, "X failed."),
+        },
     )
     assert status_error(table, UpstreamFailure(418, "teapot")).message == "teapot"
+    assert status_error(table, UpstreamFailure(500, "teapot")).message == "X failed."
+
+
+TRACEBACK = (
+    'Internal error: Traceback (most recent call last):\n  File "/srv/app/serve.py", line 88, in chat\n'
+    "    raise ValueError(logit_bias)\nValueError: bad logit_bias"
+)
+
+
+@pytest.mark.parametrize("table", [UPSTREAM_STATUSES, TGI_STATUSES], ids=["openai-compatible", "tgi"])
+@pytest.mark.parametrize("status", [500, 502, 503, 504])
+def test_a_5xx_is_said_in_the_gateways_words_with_the_upstreams_request_id(table: StatusTable, status: int):
+    error = status_error(table, UpstreamFailure(status, TRACEBACK, request_id="up-42"))
+    assert (
+        "Traceback" not in error.message
+        and "/srv/app" not in error.message
+        and "logit_bias" not in error.message
+    )
+    assert error.message.endswith("its request id: up-42.")
+
+
+@pytest.mark.parametrize(
+    ("said", "shown"),
+    [
+        (TRACEBACK, "Internal error"),
+        ("model file /home/ops/models/llama.gguf not found", "model file <path> not found"),
+        ("bad\x00value\x1b[31m here\u2028now", "bad value [31m here now"),
+        ("see https://example.com/docs/errors for help", "see https://example.com/docs/errors for help"),
+        ("x" * 400, "x" * 299 + "…"),
+    ],
+    ids=["traceback", "path", "control-characters", "url-kept", "bounded"],
+)
+def test_a_4xx_message_is_relayed_made_safe(said: str, shown: str):
+    error = status_error(UPSTREAM_STATUSES, UpstreamFailure(400, said))
+    assert error.status == 400 and error.message == shown

@@ -36,6 +36,9 @@ def deployment(name: str, urls: list[str], **settings: Any) -> dict[str, Any]:
     return {"name": name, "backend": "openai-compatible", "replicas": replicas(*urls), **settings}
 
 
+PHOENIX_PORT = free_port()
+
+
 @pytest.fixture(scope="module")
 def upstream() -> Iterator[FaultUpstream]:
     with FaultUpstream() as server:
@@ -65,9 +68,12 @@ def gateway(upstream: FaultUpstream, tmp_path_factory, log_dir: Path) -> Iterato
         deployment("backup", [u("ok")]),
         # a replica whose key the upstream refuses, beside a good one: never retried, never ejected
         deployment("bad-key", [u("status-401"), u("ok")], health={"failures": 2}),
-        # its only replica dies and comes back: ejected for ten minutes, served again at once
-        deployment("phoenix", [u("fail-phoenix")], health={"failures": 1, "cooldown": 600},
-                   retries={"attempts": 1}),
+        # its only replica cannot be reached, then comes back: ejected for ten minutes at once,
+        # served again at once (panic routing)
+        deployment("phoenix", [f"http://127.0.0.1:{PHOENIX_PORT}/ok/v1"],
+                   health={"failures": 5, "cooldown": 600}, retries={"attempts": 1}),
+        # every replica fails the request: its own failure, held against neither
+        deployment("all-fail", [u("status-500"), u("status-503")], health={"failures": 1, "cooldown": 600}),
     ]  # fmt: skip
     config = tmp_path_factory.mktemp("fleet") / "config.yaml"
     config.write_text(yaml.safe_dump({"deployments": deployments}))
@@ -216,14 +222,33 @@ def test_malformed_json_is_502_in_shape(gateway, dialect):
     assert error_of(dialect, response.json())
 
 
-def test_500_then_200_is_retried_and_seen_once(gateway, upstream):
+def test_a_5xx_is_not_tried_again_on_the_replica_that_gave_it(gateway, upstream):
+    """Its only replica answers 500 once: the request fails in the gateway's words, that replica
+    is not asked again for it, and nothing is held against the replica (issue 25: one bad
+    request ejected a healthy replica)."""
     before = upstream.counts["flaky"]
     response = post(gateway, "openai", "flaky")
-    assert response.status_code == 200 and "fine answer" in response.text
-    assert upstream.counts["flaky"] - before == 2
-    assert metrics(gateway)['chatgate_retries_total{deployment="flaky"}'] == 1
+    assert response.status_code == 502
+    message = response.json()["error"]["message"]
+    assert "on its only replica; not tried again" in message
+    assert "upstream 500" not in message  # the upstream's own words stay in the log
+    assert upstream.counts["flaky"] - before == 1
+    assert metrics(gateway)['chatgate_replica_healthy{deployment="flaky",replica="r0"}'] == 1
     again = post(gateway, "azure", "flaky")
-    assert again.status_code == 200 and upstream.counts["flaky"] - before == 3
+    assert again.status_code == 200 and upstream.counts["flaky"] - before == 2
+
+
+def test_a_request_that_fails_on_every_replica_ejects_none(gateway, upstream):
+    before = upstream.counts["status-500"] + upstream.counts["status-503"]
+    for _ in range(3):
+        response = post(gateway, "openai", "all-fail")
+        assert response.status_code == 502
+        assert "on 2 replicas; not tried again" in response.json()["error"]["message"]
+    assert upstream.counts["status-500"] + upstream.counts["status-503"] - before == 6  # each once
+    values = metrics(gateway)
+    assert values['chatgate_replica_healthy{deployment="all-fail",replica="r0"}'] == 1
+    assert values['chatgate_replica_healthy{deployment="all-fail",replica="r1"}'] == 1
+    assert "all-fail" not in httpx.get(f"{gateway}/ready").json()["unhealthy"]
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)
@@ -292,19 +317,19 @@ def test_a_refused_key_is_not_retried_and_ejects_nothing(gateway, upstream, dial
 
 
 def test_a_sole_replica_that_comes_back_serves_at_once_despite_its_cool_down(gateway, upstream):
-    """Panic routing: with every replica ejected, requests still try them."""
-    assert post(gateway, "openai", "phoenix").status_code == 502  # fails: ejected for 600 s
+    """Panic routing: with every replica ejected, requests still try them. A replica that cannot
+    be reached is ejected at once."""
+    assert post(gateway, "openai", "phoenix").status_code == 503  # refused: ejected for 600 s
     assert metrics(gateway)['chatgate_replica_healthy{deployment="phoenix",replica="r0"}'] == 0
     ready = httpx.get(f"{gateway}/ready")
     assert ready.status_code == 200 and ready.json()["status"] == "degraded", ready.text
     assert "phoenix" in ready.json()["unhealthy"]
-    before = upstream.counts["fail-phoenix"]
-    assert post(gateway, "openai", "phoenix").status_code == 502  # still down: tried anyway
-    assert upstream.counts["fail-phoenix"] == before + 1
-    httpx.post(f"{upstream.url}/control/heal/fail-phoenix", content=b"")
-    started = time.monotonic()
-    response = post(gateway, "openai", "phoenix")
-    assert response.status_code == 200 and time.monotonic() - started < 1
+    assert post(gateway, "openai", "phoenix").status_code == 503  # still down: tried anyway
+    with FaultUpstream(PHOENIX_PORT) as back:
+        started = time.monotonic()
+        response = post(gateway, "openai", "phoenix")
+        assert response.status_code == 200 and time.monotonic() - started < 1
+        assert back.counts["ok"] == 1
     values = metrics(gateway)
     assert values['chatgate_replica_healthy{deployment="phoenix",replica="r0"}'] == 1
     assert values['chatgate_panic_routed_total{deployment="phoenix"}'] >= 2

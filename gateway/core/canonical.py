@@ -48,6 +48,9 @@ class ChatRequest:
     extra: dict[str, Any] = field(default_factory=dict)
     deployment: str | None = None
     trace: Trace = field(default_factory=Trace)  # ids sent upstream, and the upstream's
+    # The prompt's size as admission counted it (the deployment's tokenizer, else the
+    # estimate): what a backend reports when its upstream says nothing of usage.
+    prompt_tokens: int = 0
     # The client asked in OpenAI's deprecated `functions` / `function_call` (and sent no
     # `tools`): a call is answered as `function_call`, as that client reads it.
     legacy_functions: bool = False

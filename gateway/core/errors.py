@@ -184,6 +184,15 @@ class ServiceUnavailable(GatewayError):
     status, code, kind = 503, "ServiceUnavailable", "server_error"
 
 
+class UpstreamUnreachable(ServiceUnavailable):
+    """503: the upstream cannot be reached (refused, unresolvable, TLS failed): the replica is
+    ejected at once."""
+
+
+class UpstreamBusy(ServiceUnavailable):
+    """503: every connection to the upstream is taken: busy, not broken (no mark against it)."""
+
+
 class GatewayTimeout(GatewayError):
     """504: the upstream did not answer in time."""
 

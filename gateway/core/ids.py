@@ -31,7 +31,15 @@ class RandomIds:
         """A forked child must not hand out the ids its parent will."""
         self.block, self.offset = b"", 0
 
+    def uuid(self) -> str:
+        """A random (version 4) UUID in its usual text form: the form upstream servers that check
+        request ids accept (llama.cpp's refuses any other)."""
+        h = self.hex(16)
+        variant = "89ab"[int(h[16], 16) & 3]
+        return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{variant}{h[17:20]}-{h[20:]}"
+
 
 IDS = RandomIds()
 random_hex = IDS.hex
+new_request_id = IDS.uuid
 os.register_at_fork(after_in_child=IDS.forget)

@@ -7,6 +7,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from gateway.core.ids import new_request_id
+
 # W3C Trace Context, level 1: version-trace_id-parent_id-flags, lower-case hex
 TRACEPARENT = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
 TRACESTATE_LIMIT = 512  # the spec's own bound on what a vendor must propagate
@@ -16,27 +18,33 @@ UPSTREAM_ID_LIMIT = 200
 
 @dataclass(slots=True)
 class Trace:
-    request_id: str = ""
+    request_id: str = ""  # the client's (or, when it sent none, the gateway's)
     traceparent: str | None = None
     tracestate: str | None = None
     upstream_request_id: str | None = None  # set by the backend when the upstream answers
+    sent_request_id: str = ""  # the gateway's own, the one the upstream gets: always a UUID
 
     @classmethod
     def of(cls, request_id: str, headers: Mapping[str, str]) -> Trace:
-        """The client's trace context, kept only when well-formed (it is sent on as a header)."""
+        """The request's ids: the client's request id stays with the gateway (the access log, the
+        answer's header), the upstream gets the gateway's own — a client's id may be anything an
+        upstream refuses. The client's trace context is kept only when well-formed (it is sent
+        on as a header)."""
+        client_gave_it = headers.get("x-request-id") == request_id
+        sent = new_request_id() if client_gave_it else request_id
         traceparent = headers.get("traceparent")
         if traceparent is None or not TRACEPARENT.match(traceparent):
-            return cls(request_id)
+            return cls(request_id, sent_request_id=sent)
         tracestate = headers.get("tracestate")
         if tracestate is not None and (
             len(tracestate) > TRACESTATE_LIMIT or not SAFE_TRACESTATE.match(tracestate)
         ):
             tracestate = None
-        return cls(request_id, traceparent, tracestate)
+        return cls(request_id, traceparent, tracestate, sent_request_id=sent)
 
     def headers(self) -> dict[str, str]:
         """What goes upstream with the request."""
-        sent = {"x-request-id": self.request_id} if self.request_id else {}
+        sent = {"x-request-id": self.sent_request_id} if self.sent_request_id else {}
         if self.traceparent is not None:
             sent["traceparent"] = self.traceparent
             if self.tracestate:
