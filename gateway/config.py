@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import ConfigDict, Field, IPvAnyNetwork, ValidationError, field_validator, model_validator
 
 from backends.base import BACKEND_KINDS
 from gateway.core.options import ConfigError, Strict, describe, from_file, one_of
@@ -324,6 +324,16 @@ class ClientLimits(Strict):
     max_connections: int = Field(default=1000, ge=1, description="connections per worker; more are closed")
 
 
+class MediaFetch(Strict):
+    """How the gateway fetches a remote image (`media.remote_images: fetch`)."""
+
+    timeout: float = Field(default=10.0, gt=0, description="seconds for one image, redirects included")
+    max_redirects: int = Field(default=3, ge=0, description="redirects followed, each target screened")
+    max_bytes: int = Field(
+        default=20 * 1024 * 1024, ge=1, description="the largest image fetched; larger: 413"
+    )
+
+
 class Media(Strict):
     """Images an OVMS request names by path or URL (gateway/policy/media.py)."""
 
@@ -331,11 +341,31 @@ class Media(Strict):
         default=None,
         description="a directory whose files an OVMS request may name as images, by absolute path "
         "(OVMS's --allowed_local_media_path): read by the gateway, symlinks resolved and kept "
-        "inside it; none: local paths are refused with 400",
+        "inside it; none: local paths are refused with 403",
     )
     max_local_media_bytes: int = Field(
-        default=20 * 1024 * 1024, ge=1, description="the largest local image read; larger: 400"
+        default=20 * 1024 * 1024, ge=1, description="the largest local image read; larger: 413"
     )
+    remote_images: Literal["refuse", "fetch", "forward"] = Field(
+        default="refuse",
+        description="http(s) image URLs: refused with 403; fetched by the gateway (each address "
+        "screened, redirects too) and passed on as data: URLs; or forwarded for the backend to "
+        "fetch (screened once: the backend's own redirects and DNS lookups are not)",
+    )
+    allowed_private_networks: list[IPvAnyNetwork] = Field(
+        default_factory=list,
+        description="networks (CIDR) image URLs may reach although they are not public, e.g. an "
+        "internal image store; loopback, link-local and private addresses are refused otherwise",
+    )
+    max_images_per_request: int = Field(
+        default=16, ge=1, description="images read or fetched (or forwarded) for one request; more: 413"
+    )
+    max_media_bytes_per_request: int = Field(
+        default=64 * 1024 * 1024,
+        ge=1,
+        description="bytes of local and fetched images together in one request; more: 413",
+    )
+    fetch: MediaFetch = MediaFetch()
 
     @field_validator("allowed_local_media_path")
     @classmethod

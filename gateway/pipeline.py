@@ -66,8 +66,9 @@ class ChatPipeline:
         admission = await runtime.admit(request, call.headers, call.caller, call.record, deployment_name)
         call.record.model = request.model or admission.deployment.model
         call.record.backend = admission.deployment.config.backend
-        if self.media is not None:
-            await self.media.screen(request)
+        if self.media is not None and self.media.names_images(request):
+            # files read and images fetched stop when the client leaves
+            await unless_client_leaves(self.media.screen(request), call.receive)
         events = runtime.generate(admission, request, call.record)
         answer = Answer(
             id=translator.id_prefix + random_hex(),
