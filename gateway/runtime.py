@@ -23,12 +23,12 @@ from gateway.policy.limits import (
     Limiter,
     RawHeaders,
     buckets_for,
-    create_limiter,
     limited_kinds,
     rate_headers,
     refused,
 )
 from gateway.policy.media import MediaPolicy
+from gateway.policy.stores import create_limiter
 from gateway.policy.token_count import PromptCounter
 from gateway.record import RequestRecord
 from gateway.router import LiveDeployment, Router
