@@ -255,6 +255,12 @@ class RedisLimits(Strict):
         description="seconds a call waits for a free connection; then it is answered as on_error says "
         "(the breaker does not count it: a busy worker is not a failing store)",
     )
+    reservation_lease: float = Field(
+        default=120.0,
+        gt=0,
+        description="seconds a budget reservation counts unless its gateway renews it (every third of "
+        "this while the request runs): the reservations of a gateway that died stop counting after it",
+    )
     breaker: BreakerSettings = BreakerSettings()
 
     @model_validator(mode="before")

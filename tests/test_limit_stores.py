@@ -1,17 +1,19 @@
-"""The limit stores call by call: the Redis store's connections under more calls than it holds
-(a real Redis)."""
+"""The limit stores call by call: budget reservations held, settled and let run out, and the
+Redis store's connections under more calls than it holds (a real Redis)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from datetime import UTC, datetime
 
 import pytest
 import redis
 
-from gateway.config import RedisLimits
+from gateway.config import Budget, RedisLimits
 from gateway.core.errors import ServiceUnavailable
-from gateway.policy.limits import Bucket
+from gateway.policy.budgets import Account, accounts, reservation
+from gateway.policy.limits import Bucket, MemoryLimiter
 from gateway.policy.redis_limiter import RedisLimiter
 from tests.redis_server import running_redis
 
@@ -74,3 +76,105 @@ def test_a_call_that_waits_too_long_for_a_connection_is_not_a_store_failure(redi
     else:
         assert all(r.allowed and not r.buckets for r in results[1:])  # admitted unanswered
     assert failures == 0 and not opened
+
+
+def account(budget: float = 10) -> Account:
+    return accounts("k", [Budget(tokens=int(budget), per="day")], datetime.now(UTC))[0]
+
+
+def test_settling_after_a_flush_releases_nothing_and_adds_what_was_used(redis_url):
+    """The same, one store call at a time: spent stays what answers used, never below zero."""
+    store = redis.Redis.from_url(redis_url)
+    store.flushall()
+
+    async def scenario() -> list:
+        limiter = limiter_for(redis_url)
+        found = [account(10)]
+        first, second = reservation(found, 4, None), reservation(found, 4, None)
+        steps = [await limiter.reserve(first), await limiter.reserve(second)]
+        steps.append(await limiter.reserve(reservation(found, 3, None)))  # 8 held: 3 more is past 10
+        store.flushall()
+        await limiter.settle(first, [0.0])  # failed: nothing used
+        await limiter.settle(second, [2.0])
+        late = reservation(found, 8, None)
+        steps.append(await limiter.reserve(late))  # 2 spent + 8 fits 10
+        steps.append(await limiter.reserve(reservation(found, 1, None)))
+        await limiter.aclose()
+        return steps
+
+    first, second, past, fitted, full = asyncio.run(scenario())
+    assert first is None and second is None and fitted is None
+    assert past is not None and past[1] == 8.0
+    assert full is not None and full[1] == 10.0  # 2 spent, 8 held
+
+
+def test_an_older_chatgates_account_carries_over(redis_url):
+    """A rolling upgrade: the plain number an older version kept is the new account's spend (and
+    a negative one, the old refund bug's, counts as nothing)."""
+    store = redis.Redis.from_url(redis_url)
+    store.flushall()
+    found = [account(10)]
+    store.set(f"chatgate:limits:{found[0].name}", "7")
+
+    async def scenario() -> list:
+        limiter = limiter_for(redis_url)
+        steps = [
+            await limiter.reserve(reservation(found, 4, None)),
+            await limiter.reserve(reservation(found, 3, None)),
+        ]
+        await limiter.aclose()
+        return steps
+
+    refused, admitted = asyncio.run(scenario())
+    assert refused is not None and refused[1] == 7.0
+    assert admitted is None
+    store.flushall()
+    store.set(f"chatgate:limits:{found[0].name}", "-50")
+
+    async def after_bug() -> object:
+        limiter = limiter_for(redis_url)
+        result = await limiter.reserve(reservation(found, 11, None))
+        await limiter.aclose()
+        return result
+
+    assert asyncio.run(after_bug())[1] == 0.0  # refused: 11 is past 10 however negative it was
+
+
+def test_an_abandoned_reservation_is_not_renewed(redis_url):
+    """A request dropped without settling (its reservation garbage) is let run out with its lease,
+    not renewed for as long as the worker lives."""
+    redis.Redis.from_url(redis_url).flushall()
+
+    async def scenario() -> list:
+        limiter = limiter_for(redis_url, reservation_lease=0.6)
+        found = [account(10)]
+        kept, dropped = reservation(found, 4, None), reservation(found, 4, None)
+        assert await limiter.reserve(kept) is None and await limiter.reserve(dropped) is None
+        del dropped
+        await asyncio.sleep(2.0)  # three leases: `kept` renewed all along, `dropped` run out
+        late = reservation(found, 6, None)
+        steps = [await limiter.reserve(late)]
+        await limiter.settle(kept, [4.0])
+        steps.append(list(limiter.leased) == [late.id])
+        await limiter.aclose()
+        return steps
+
+    fitted, only_the_live_one = asyncio.run(scenario())
+    assert fitted is None  # 4 held + 6 fits 10: the dropped 4 no longer counts
+    assert only_the_live_one
+
+
+def test_the_memory_store_holds_and_settles_alike():
+    async def scenario() -> list:
+        limiter = MemoryLimiter()
+        found = [account(10)]
+        first = reservation(found, 6, None)
+        steps = [await limiter.reserve(first), await limiter.reserve(reservation(found, 6, None))]
+        await limiter.settle(first, [0.0])
+        steps.append(await limiter.reserve(reservation(found, 10, None)))
+        steps.append(await limiter.reserve(reservation(found, 1, None)))
+        return steps
+
+    held, refused, fitted, full = asyncio.run(scenario())
+    assert held is None and fitted is None
+    assert refused[1] == 6.0 and full[1] == 10.0

@@ -18,7 +18,7 @@ from gateway.config import Limits
 from gateway.core.errors import TooManyRequests
 
 if TYPE_CHECKING:
-    from gateway.policy.budgets import Account
+    from gateway.policy.budgets import Account, Reservation
 
 WINDOW_SECONDS = 60.0
 
@@ -121,13 +121,14 @@ class Limiter(Protocol):
         prompt's correction); negative gives back, up to the capacity."""
         ...
 
-    async def reserve(self, accounts: list[Account], amounts: list[float]) -> tuple[Account, float] | None:
-        """Add `amounts` to every budget account, or to none if one would go past its budget:
-        then (that account, what it has spent)."""
+    async def reserve(self, reservation: Reservation) -> tuple[Account, float] | None:
+        """Hold the reservation's amounts against every account, or nothing if one would go past
+        its budget: then (that account, what it has spent and holds)."""
         ...
 
-    async def settle(self, accounts: list[Account], amounts: list[float]) -> None:
-        """Add (or, negative, give back) `amounts`, whatever the budgets say."""
+    async def settle(self, reservation: Reservation, used: list[float]) -> None:
+        """Release the reservation and add what the answer `used` of each account, whatever the
+        budgets say (called once per reservation)."""
         ...
 
     async def reachable(self) -> bool:
@@ -137,10 +138,23 @@ class Limiter(Protocol):
     async def aclose(self) -> None: ...
 
 
+@dataclass(slots=True)
+class MemoryAccount:
+    """A budget account in memory: what was spent, and what admissions hold until settled."""
+
+    forgotten_at: float  # the period is over: a new account starts
+    spent: float = 0.0
+    held: dict[str, float] = field(default_factory=dict)  # reservation id → amount
+    held_total: float = 0.0
+
+
 class MemoryLimiter:
+    """Every counter in this process. A reservation lives until it is settled: the store cannot
+    outlive the gateway that holds it, so it needs no lease."""
+
     def __init__(self) -> None:
         self.levels: dict[str, tuple[float, float]] = {}  # bucket name → (level, when)
-        self.budgets: dict[str, tuple[float, float]] = {}  # account name → (spent, forgotten at)
+        self.accounts: dict[str, MemoryAccount] = {}  # budget account name → its state
 
     def level(self, bucket: Bucket, now: float) -> float:
         state = self.levels.get(bucket.name)
@@ -176,23 +190,33 @@ class MemoryLimiter:
             if bucket.kind == "tokens":
                 self.levels[bucket.name] = (min(bucket.capacity, self.level(bucket, now) - tokens), now)
 
-    async def reserve(self, accounts: list[Account], amounts: list[float]) -> tuple[Account, float] | None:
+    def account(self, account: Account, now: float) -> MemoryAccount:
+        found = self.accounts.get(account.name)
+        if found is None or found.forgotten_at < now:
+            found = self.accounts[account.name] = MemoryAccount(now + account.ttl)
+        return found
+
+    async def reserve(self, reservation: Reservation) -> tuple[Account, float] | None:
         now = time.time()
-        spent = [self.spent(account, now) for account in accounts]
-        for account, already, amount in zip(accounts, spent, amounts, strict=True):
-            if amount > 0 and already + amount > account.budget.amount:
-                return account, already
-        await self.settle(accounts, amounts)
+        states = [self.account(account, now) for account in reservation.accounts]
+        for account, state, amount in zip(reservation.accounts, states, reservation.amounts, strict=True):
+            spent = state.spent + state.held_total
+            if amount > 0 and spent + amount > account.budget.amount:
+                return account, spent
+        for state, amount in zip(states, reservation.amounts, strict=True):
+            state.held[reservation.id] = amount
+            state.held_total += amount
         return None
 
-    async def settle(self, accounts: list[Account], amounts: list[float]) -> None:
+    async def settle(self, reservation: Reservation, used: list[float]) -> None:
         now = time.time()
-        for account, amount in zip(accounts, amounts, strict=True):
-            self.budgets[account.name] = (self.spent(account, now) + amount, now + account.ttl)
-
-    def spent(self, account: Account, now: float) -> float:
-        found = self.budgets.get(account.name)
-        return 0.0 if found is None or found[1] < now else found[0]
+        for account, amount in zip(reservation.accounts, used, strict=True):
+            state = self.account(account, now)
+            held = state.held.pop(reservation.id, None)
+            if held is not None:  # a sum of floats: exact zero once nothing is held
+                state.held_total = state.held_total - held if state.held else 0.0
+            state.spent += max(0.0, amount)
+            state.forgotten_at = now + account.ttl
 
     async def reachable(self) -> bool:
         return True

@@ -4,7 +4,9 @@ One Lua script checks and takes every bucket of a request atomically, on Redis's
 holds and settles budget reservations. Calls go through a breaker (a store that fails is not
 waited on) and through `max_connections` slots: a worker with more calls at once than
 connections queues them, and a call that waits too long for a slot is answered as `on_error`
-says without counting against the store (a busy pool is not a failing store).
+says without counting against the store (a busy pool is not a failing store). Each budget
+reservation is a lease that this worker renews while its request runs, so the reservations of
+a gateway that died stop counting within `reservation_lease` seconds.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from gateway.config import RedisLimits
@@ -21,7 +24,7 @@ from gateway.policy.breaker import Breaker
 from gateway.policy.limits import Bucket, Verdict, cost_of
 
 if TYPE_CHECKING:
-    from gateway.policy.budgets import Account
+    from gateway.policy.budgets import Account, Reservation
 
 log = logging.getLogger("chatgate.limits")
 READY_CHECK_SECONDS = 1.0
@@ -60,31 +63,89 @@ end
 return result
 """
 
-# KEYS: budget accounts. ARGV: mode ("reserve" | "settle"), then per account: budget, amount, ttl.
-# Returns {0} when done, or {i, spent} when account i would go past its budget (nothing added).
+# KEYS, per budget account: its hash (`spent`; `held`, the sum of its reservations; and each
+# reservation's amount under 'r:' .. id), its leases (a sorted set: reservation id → when it
+# stops counting), and the plain number an older chatgate kept instead (its spend carries over).
+# ARGV: mode ("reserve" | "settle"), reservation id, lease seconds; per account: budget, amount, ttl.
+# reserve: {0} when held, or {i, spent and held} when account i would go past its budget (nothing
+# held). settle: the reservation is released (where the store still has it) and `amount` spent.
+# Sums are kept in Lua and written back whole (%.17g keeps a double exact); `held` never goes
+# below zero, and a sum under 1e-9 (the dust of float sums) is zero.
 BUDGET_SCRIPT = """
-local mode = ARGV[1]
+local now_parts = redis.call('TIME')
+local now = tonumber(now_parts[1]) + tonumber(now_parts[2]) / 1000000
+local mode, id, lease = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local count = #KEYS / 3
+
+local function number(value) return string.format('%.17g', value) end
+local function tidy(held) if held < 1e-9 then return 0 end return held end
+
 if mode == 'reserve' then
-  for i, name in ipairs(KEYS) do
-    local budget = tonumber(ARGV[3 * i - 1])
-    local amount = tonumber(ARGV[3 * i])
-    local spent = tonumber(redis.call('GET', name)) or 0
-    if amount > 0 and spent + amount > budget then return {i, tostring(spent)} end
+  local states = {}
+  for i = 1, count do
+    local account, leases = KEYS[3 * i - 2], KEYS[3 * i - 1]
+    local state = redis.call('HMGET', account, 'spent', 'held')
+    local spent, held = tonumber(state[1]), tonumber(state[2]) or 0
+    if spent == nil and not state[2] then
+      spent = math.max(0, tonumber(redis.call('GET', KEYS[3 * i])) or 0)
+    end
+    spent = spent or 0
+    local stale = redis.call('ZRANGEBYSCORE', leases, '-inf', now)
+    if #stale > 0 then
+      local fields = {}
+      for j, lapsed in ipairs(stale) do fields[j] = 'r:' .. lapsed end
+      for _, amount in ipairs(redis.call('HMGET', account, unpack(fields))) do
+        held = held - (tonumber(amount) or 0)
+      end
+      redis.call('HDEL', account, unpack(fields))
+      redis.call('ZREMRANGEBYSCORE', leases, '-inf', now)
+      held = tidy(held)
+    end
+    local amount = tonumber(ARGV[3 * i + 2])
+    if amount > 0 and spent + held + amount > tonumber(ARGV[3 * i + 1]) then
+      if #stale > 0 then redis.call('HSET', account, 'held', number(held)) end
+      return {i, tostring(spent + held)}
+    end
+    states[i] = {spent, held + amount}
   end
+  for i = 1, count do
+    local account, leases, ttl = KEYS[3 * i - 2], KEYS[3 * i - 1], ARGV[3 * i + 3]
+    local spent, held = states[i][1], states[i][2]
+    redis.call('HSET', account, 'r:' .. id, ARGV[3 * i + 2], 'held', number(held), 'spent', number(spent))
+    redis.call('ZADD', leases, now + lease, id)
+    redis.call('EXPIRE', account, ttl)
+    redis.call('EXPIRE', leases, ttl)
+  end
+  return {0}
 end
-for i, name in ipairs(KEYS) do
-  redis.call('INCRBYFLOAT', name, ARGV[3 * i])
-  redis.call('EXPIRE', name, tonumber(ARGV[3 * i + 1]))
+for i = 1, count do
+  local account, leases, used = KEYS[3 * i - 2], KEYS[3 * i - 1], tonumber(ARGV[3 * i + 2])
+  local state = redis.call('HMGET', account, 'r:' .. id, 'held', 'spent')
+  local amount, held, spent = tonumber(state[1]), tonumber(state[2]) or 0, tonumber(state[3]) or 0
+  if amount ~= nil then
+    redis.call('HDEL', account, 'r:' .. id)
+    redis.call('ZREM', leases, id)
+    held = tidy(held - amount)
+  end
+  redis.call('HSET', account, 'held', number(held), 'spent', number(spent + math.max(0, used)))
+  redis.call('EXPIRE', account, ARGV[3 * i + 3])
 end
 return {0}
 """
 
-
-def budget_argv(mode: str, accounts: list[Account], amounts: list[float]) -> list[str | int | float]:
-    argv: list[str | int | float] = [mode]
-    for account, amount in zip(accounts, amounts, strict=True):
-        argv += [account.budget.amount, repr(float(amount)), account.ttl]
-    return argv
+# KEYS: lease sets. ARGV: lease seconds, then per set: how many reservation ids, the ids.
+# A lease the store no longer has (released, or flushed) is not made again (ZADD XX).
+RENEW_SCRIPT = """
+local now_parts = redis.call('TIME')
+local expiry = tonumber(now_parts[1]) + tonumber(now_parts[2]) / 1000000 + tonumber(ARGV[1])
+local at = 2
+for _, leases in ipairs(KEYS) do
+  local count = tonumber(ARGV[at])
+  for j = at + 1, at + count do redis.call('ZADD', leases, 'XX', expiry, ARGV[j]) end
+  at = at + count + 1
+end
+return 0
+"""
 
 
 class RedisLimiter:
@@ -102,7 +163,9 @@ class RedisLimiter:
         self.pool_timeout = settings.pool_timeout
         self.script = self.client.register_script(TAKE_SCRIPT)
         self.budget_script = self.client.register_script(BUDGET_SCRIPT)
+        self.renew_script = self.client.register_script(RENEW_SCRIPT)
         self.prefix = settings.prefix
+        self.lease = settings.reservation_lease
         self.fail_open = settings.on_error == "fail-open"
         mode = "fail-open: admitting" if self.fail_open else "fail-closed: refusing"
         self.breaker = Breaker(
@@ -112,6 +175,10 @@ class RedisLimiter:
         )
         self.checked_at = -READY_CHECK_SECONDS
         self.answered = False
+        # held in the store by this worker and renewed while their requests hold them: one that
+        # a request dropped without settling (garbage now) is let run out with its lease
+        self.leased: weakref.WeakValueDictionary[str, Reservation] = weakref.WeakValueDictionary()
+        self.renewing: asyncio.Task[None] | None = None
 
     async def run(self, mode: str, buckets: list[Bucket], costs: list[int]) -> list[bytes] | None:
         """The take script's answer; None when the store cannot answer and the gateway fails open."""
@@ -183,24 +250,55 @@ class RedisLimiter:
             with contextlib.suppress(ServiceUnavailable):
                 await self.run("charge", token_buckets, [tokens] * len(token_buckets))
 
-    async def reserve(self, accounts: list[Account], amounts: list[float]) -> tuple[Account, float] | None:
-        result = await self.call(
-            self.budget_script,
-            [self.prefix + a.name for a in accounts],
-            budget_argv("reserve", accounts, amounts),
-        )
-        if result is None or int(result[0]) == 0:
-            return None  # reserved (or the store is away and the gateway fails open)
-        return accounts[int(result[0]) - 1], float(result[1])
+    def budget_call(self, mode: str, reservation: Reservation, amounts: list[float]) -> Any:
+        keys: list[str] = []
+        argv: list[str | int | float] = [mode, reservation.id, self.lease]
+        for account, amount in zip(reservation.accounts, amounts, strict=True):
+            name = self.prefix + account.name
+            keys += [f"{name}:account", f"{name}:leases", name]
+            argv += [account.budget.amount, repr(float(amount)), account.ttl]
+        return self.call(self.budget_script, keys, argv)
 
-    async def settle(self, accounts: list[Account], amounts: list[float]) -> None:
-        """Best effort, like `charge`."""
+    async def reserve(self, reservation: Reservation) -> tuple[Account, float] | None:
+        result = await self.budget_call("reserve", reservation, reservation.amounts)
+        if result is None:
+            return None  # the store is away and the gateway fails open: nothing held
+        if int(result[0]) != 0:
+            return reservation.accounts[int(result[0]) - 1], float(result[1])
+        self.leased[reservation.id] = reservation
+        if self.renewing is None:
+            self.renewing = asyncio.get_running_loop().create_task(self.renew_leases())
+        return None
+
+    async def settle(self, reservation: Reservation, used: list[float]) -> None:
+        """Best effort, like `charge` (a reservation it cannot release runs out with its lease)."""
+        self.leased.pop(reservation.id, None)
         with contextlib.suppress(ServiceUnavailable):
-            await self.call(
-                self.budget_script,
-                [self.prefix + a.name for a in accounts],
-                budget_argv("settle", accounts, amounts),
-            )
+            await self.budget_call("settle", reservation, used)
+
+    async def renew_leases(self) -> None:
+        """Every third of a lease, one call renews the leases of every reservation this worker
+        holds, until it holds none."""
+        try:
+            while True:
+                await asyncio.sleep(self.lease / 3)
+                if not self.leased:
+                    return
+                by_set: dict[str, list[str]] = {}
+                for reservation in list(self.leased.values()):
+                    for account in reservation.accounts:
+                        by_set.setdefault(f"{self.prefix}{account.name}:leases", []).append(reservation.id)
+                argv: list[str | int | float] = [self.lease]
+                for ids in by_set.values():
+                    argv += [len(ids), *ids]
+                try:
+                    await self.call(self.renew_script, list(by_set), argv)
+                except ServiceUnavailable:
+                    pass  # the breaker has logged it; the next round tries again
+                except Exception:  # this loop must outlive a surprise, or leases would lapse
+                    log.exception("renewing budget reservations failed")
+        finally:
+            self.renewing = None
 
     async def reachable(self) -> bool:
         """A PING, at most one a second however often /ready is asked (none while the breaker
@@ -217,4 +315,6 @@ class RedisLimiter:
         return self.answered
 
     async def aclose(self) -> None:
+        if self.renewing is not None:
+            self.renewing.cancel()
         await self.client.aclose()
