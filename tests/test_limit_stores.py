@@ -178,3 +178,32 @@ def test_the_memory_store_holds_and_settles_alike():
     held, refused, fitted, full = asyncio.run(scenario())
     assert held is None and fitted is None
     assert refused[1] == 6.0 and full[1] == 10.0
+
+
+def test_a_probe_cancelled_midway_does_not_keep_the_breaker_open(redis_url):
+    """Regression: the breaker's probe, cancelled (its client left) while Redis had not answered
+    yet, left the breaker waiting for that probe's verdict for good: every later request got
+    503 though Redis was back."""
+    store = redis.Redis.from_url(redis_url)
+    store.flushall()
+
+    async def scenario() -> tuple[bool, bool]:
+        limiter = limiter_for(redis_url, timeout=0.5, breaker={"failures": 1, "reset_after": 0.2})
+        await limiter.take(bucket(), 1)  # the script is loaded, the connection made
+        store.client_pause(3000, all=False)
+        with pytest.raises(ServiceUnavailable):
+            await limiter.take(bucket(), 1)  # times out: the breaker opens
+        assert limiter.breaker.open
+        await asyncio.sleep(0.3)
+        probe = asyncio.ensure_future(limiter.take(bucket(), 1))
+        await asyncio.sleep(0.1)  # the probe waits on the paused Redis
+        probe.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await probe
+        store.execute_command("CLIENT", "UNPAUSE")
+        verdict = await limiter.take(bucket(), 1)  # Redis answers again: this call probes
+        await limiter.aclose()
+        return verdict.allowed, limiter.breaker.open
+
+    allowed, still_open = asyncio.run(scenario())
+    assert allowed and not still_open

@@ -205,9 +205,13 @@ class RedisLimiter:
                 try:
                     result = await script(keys=keys, args=argv)
                 except redis.exceptions.MaxConnectionsError:
-                    return self.unanswered(busy=True)  # the slots prevent it; never a failure
+                    self.breaker.untold()  # the slots prevent it; never a failure
+                    return self.unanswered(busy=True)
                 except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as error:
                     self.breaker.failed(error)
+                except BaseException:  # cancelled: its client left
+                    self.breaker.untold()
+                    raise
                 else:
                     self.breaker.succeeded()
                     return result
