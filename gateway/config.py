@@ -248,6 +248,21 @@ class RedisLimits(Strict):
     on_error: Literal["fail-open", "fail-closed"] = "fail-closed"
     prefix: str = "chatgate:limits:"
     timeout: float = Field(default=0.5, gt=0, description="seconds to wait for Redis on one call")
+    max_connections: int = Field(
+        default=100, ge=1, description="connections to Redis per worker; more calls at once wait for one"
+    )
+    pool_timeout: float = Field(
+        default=2.0,
+        gt=0,
+        description="seconds a call waits for a free connection; then it is answered as on_error says "
+        "(the breaker does not count it: a busy worker is not a failing store)",
+    )
+    reservation_lease: float = Field(
+        default=120.0,
+        gt=0,
+        description="seconds a budget reservation counts unless its gateway renews it (every third of "
+        "this while the request runs): the reservations of a gateway that died stop counting after it",
+    )
     breaker: BreakerSettings = BreakerSettings()
 
     @model_validator(mode="before")

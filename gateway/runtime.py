@@ -15,7 +15,7 @@ from gateway.dispatch import Dispatcher
 from gateway.metrics import Metrics
 from gateway.policy import capabilities
 from gateway.policy.auth import Caller, KeyStore
-from gateway.policy.budgets import Account, accounts, exhausted, reservation, settlement
+from gateway.policy.budgets import Reservation, accounts, exhausted, reservation, used
 from gateway.policy.content_filter import Filter
 from gateway.policy.extra_params import HEADER as EXTRA_PARAMS_HEADER
 from gateway.policy.extra_params import apply_extra_params, resolve_policy
@@ -24,12 +24,12 @@ from gateway.policy.limits import (
     Limiter,
     RawHeaders,
     buckets_for,
-    create_limiter,
     limited_kinds,
     rate_headers,
     refused,
 )
 from gateway.policy.media import MediaPolicy
+from gateway.policy.stores import create_limiter
 from gateway.policy.token_count import PromptCounter
 from gateway.record import RequestRecord
 from gateway.router import LiveDeployment, Router
@@ -45,8 +45,7 @@ class Admission:
     prompt_tokens: int = 0  # as estimated (or counted) at admission
     buckets: list[Bucket] = field(default_factory=list)
     headers: RawHeaders = field(default_factory=list)  # sent with the answer: x-ratelimit-*
-    accounts: list[Account] = field(default_factory=list)  # the key's budgets, this period
-    reserved: list[float] = field(default_factory=list)  # what admission reserved against them
+    reservation: Reservation | None = None  # what admission holds against the key's budgets
 
 
 class Runtime:
@@ -131,12 +130,13 @@ class Runtime:
                 raise refused(verdict)
             admission.headers = rate_headers(verdict)
         if caller.key is not None and caller.key.budgets:
-            admission.accounts = accounts(caller.name, caller.key.budgets)
-            admission.reserved = reservation(admission.accounts, prompt_tokens, deployment.config.price)
-            used_up = await self.limiter.reserve(admission.accounts, admission.reserved)
+            found = accounts(caller.name, caller.key.budgets)
+            held = reservation(found, prompt_tokens, deployment.config.price)
+            used_up = await self.limiter.reserve(held)
             if used_up is not None:
                 record.rate_limited = "budget"
                 raise exhausted(*used_up)
+            admission.reservation = held
         return admission
 
     def generate(self, admission: Admission, request: ChatRequest, record: RequestRecord) -> EventStream:
@@ -147,11 +147,11 @@ class Runtime:
         layer costs something on every chunk."""
         price = admission.deployment.config.price
         on_usage = None
-        if admission.buckets or admission.accounts or price is not None:
+        if admission.buckets or admission.reservation or price is not None:
             on_usage = self.usage_handler(admission, record)
         events = self.dispatcher.events(admission.deployment, request, record, on_usage)
-        if admission.accounts:
-            events = self.refund_unless_used(admission, events)
+        if admission.reservation is not None:
+            events = self.settle_when_done(admission.reservation, events)
         if self.content_filter.output is not None:
             events = self.content_filter.screen(events)
         return events
@@ -170,24 +170,23 @@ class Runtime:
                 # what admission took was the prompt's estimate; a reported prompt count corrects it
                 correction = usage.prompt_tokens - admission.prompt_tokens if usage.prompt_tokens else 0
                 await limiter.charge(admission.buckets, usage.completion_tokens + correction)
-            if admission.accounts:
-                owed = settlement(admission.accounts, admission.reserved, usage, price)
-                admission.reserved = [0.0] * len(owed)  # settled: nothing left to give back
-                await limiter.settle(admission.accounts, owed)
+            held = admission.reservation
+            if held is not None and not held.settled:
+                held.settled = True
+                await limiter.settle(held, used(held.accounts, usage, price))
 
         return on_usage
 
-    async def refund_unless_used(self, admission: Admission, events: EventStream) -> EventStream:
-        """Give a budget reservation back when the answer ends without a usage (it failed)."""
+    async def settle_when_done(self, held: Reservation, events: EventStream) -> EventStream:
+        """Release a budget reservation that no usage settled when the answer ends (it failed)."""
         try:
             async for event in events:
                 yield event
         finally:
             await events.aclose()
-            if any(admission.reserved):
-                refund = settlement(admission.accounts, admission.reserved, None, None)
-                admission.reserved = [0.0] * len(refund)
-                await self.limiter.settle(admission.accounts, refund)
+            if not held.settled:
+                held.settled = True
+                await self.limiter.settle(held, used(held.accounts, None, None))
 
     async def aclose(self) -> None:
         await self.router.aclose()

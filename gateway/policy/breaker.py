@@ -37,6 +37,12 @@ class Breaker:
             return True
         return False
 
+    def untold(self) -> None:
+        """A call let through ended without an answer either way (no connection came free, or its
+        request was cancelled): it says nothing of the dependency, and had it been the probe,
+        the next call probes instead of the breaker staying open for good."""
+        self.probing = False
+
     def succeeded(self) -> None:
         self.failures = 0
         self.probing = False

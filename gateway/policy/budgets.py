@@ -1,16 +1,19 @@
 """Budgets: how much a key may use per calendar day, week or month (UTC), in tokens or in cost.
 
 At admission the request's estimated prompt is reserved against every budget of its key, in the
-rate-limit store, atomically (the store refuses when a budget would go past its amount); when the
-backend reports usage the reservation is settled to what was used; a request that ends without
-usage gives its reservation back. A refused request gets 429 saying which budget and when it
-resets.
+rate-limit store, atomically (the store refuses when a budget would go past its amount). The
+reservation is held apart from what was spent: settling it releases it and adds what the answer
+used (nothing, for an answer that failed), so an account never goes below zero, even when the
+store lost the reservation meanwhile. In Redis a reservation is a lease its gateway renews while
+the request runs: one whose gateway died stops counting when the lease runs out. A refused
+request gets 429 saying which budget and when it resets.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import secrets
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from gateway.config import Budget, Price
@@ -71,21 +74,27 @@ def accounts(key: str, budgets: list[Budget], now: datetime | None = None) -> li
     return [Account(key, b, *period_bounds(b.per, now)) for b in budgets]
 
 
-def reservation(found: list[Account], prompt_tokens: int, price: Price | None) -> list[float]:
+@dataclass(slots=True, weakref_slot=True)
+class Reservation:
+    """What admission holds against a key's accounts until the answer settles it, once, to what it
+    used. `id` names it in the store; the amount held may be any estimate (the prompt today)."""
+
+    accounts: list[Account]
+    amounts: list[float]
+    id: str = field(default_factory=lambda: secrets.token_hex(8))
+    settled: bool = False
+
+
+def reservation(found: list[Account], prompt_tokens: int, price: Price | None) -> Reservation:
     """What admission reserves against each account: the estimated prompt."""
-    return [a.spend(prompt_tokens, price, prompt=prompt_tokens) for a in found]
+    return Reservation(found, [a.spend(prompt_tokens, price, prompt=prompt_tokens) for a in found])
 
 
-def settlement(
-    found: list[Account], reserved: list[float], usage: Usage | None, price: Price | None
-) -> list[float]:
-    """What settles each account once the answer is known (a refund when there was no usage)."""
+def used(found: list[Account], usage: Usage | None, price: Price | None) -> list[float]:
+    """What an answer used of each account: nothing when it ended without a usage (it failed)."""
     if usage is None:
-        return [-amount for amount in reserved]
-    return [
-        a.spend(usage.total_tokens, price, usage.prompt_tokens, usage.completion_tokens) - amount
-        for a, amount in zip(found, reserved, strict=True)
-    ]
+        return [0.0] * len(found)
+    return [a.spend(usage.total_tokens, price, usage.prompt_tokens, usage.completion_tokens) for a in found]
 
 
 def exhausted(account: Account, spent: float) -> TooManyRequests:
