@@ -21,14 +21,14 @@ import orjson
 from starlette.responses import Response
 
 from gateway.call import Call
-from gateway.core.canonical import EventStream, Item, answer_too_large, gather
+from gateway.core.canonical import ChatRequest, EventStream, Item, answer_too_large, gather
 from gateway.core.errors import ClientGone, GatewayError, InternalError
 from gateway.core.ids import random_hex
 from gateway.core.trace import Trace
 from gateway.dialects.dialect import Dialect
 from gateway.dialects.shape import JSON, Answer, OpenAIShaped, StreamState
 from gateway.disconnect import unless_client_leaves
-from gateway.runtime import Runtime
+from gateway.runtime import Admission, Runtime
 from gateway.streaming import EventStreamResponse
 
 log = logging.getLogger("chatgate")
@@ -66,6 +66,14 @@ class ChatPipeline:
         admission = await runtime.admit(request, call.headers, call.caller, call.record, deployment_name)
         call.record.model = request.model or admission.deployment.model
         call.record.backend = admission.deployment.config.backend
+        try:
+            return await self.respond(call, request, admission)
+        except BaseException:
+            await runtime.release(admission)  # ended before an answer could settle it
+            raise
+
+    async def respond(self, call: Call, request: ChatRequest, admission: Admission) -> Response:
+        translator, runtime = self.translator, self.runtime
         if self.media is not None and self.media.names_images(request):
             # files read and images fetched stop when the client leaves
             await unless_client_leaves(self.media.screen(request), call.receive)
@@ -99,12 +107,24 @@ class ChatPipeline:
         if first.done() and (failure := first.exception()) is not None:
             await events.aclose()
             raise failure
+
+        async def ended() -> None:
+            """However the stream ended (even before its body began): the upstream closed, an
+            unsettled reservation released, the request counted out of the runtime."""
+            try:
+                if not first.done():
+                    first.cancel()
+                await events.aclose()
+                await runtime.release(admission)
+            finally:
+                runtime.ended()
+
         return EventStreamResponse(
             self.stream(answer, first, events, call, keepalive),
             framing.media_type,
             admission.headers,
             call.record,
-            on_end=runtime.ended,
+            on_end=ended,
         )
 
     def rendered(self, answer: Answer, item: Item, state: StreamState) -> bytes:

@@ -177,6 +177,14 @@ class Runtime:
 
         return on_usage
 
+    async def release(self, admission: Admission) -> None:
+        """Give back a budget reservation no answer will settle (the request was refused or
+        ended before its answer began); once settled, nothing."""
+        held = admission.reservation
+        if held is not None and not held.settled:
+            held.settled = True
+            await self.limiter.settle(held, used(held.accounts, None, None))
+
     async def settle_when_done(self, held: Reservation, events: EventStream) -> EventStream:
         """Release a budget reservation that no usage settled when the answer ends (it failed)."""
         try:

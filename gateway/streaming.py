@@ -9,7 +9,7 @@ client going away and then cancels the sending, so a stalled upstream is hung up
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
@@ -25,7 +25,7 @@ class EventStreamResponse(Response):
         media_type: str,
         raw_headers: list[tuple[bytes, bytes]],
         record: RequestRecord | None = None,
-        on_end: Callable[[], None] | None = None,
+        on_end: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.record = record  # says how the stream ended, when the client ended it
         self.on_end = on_end  # called once the stream has ended, however it ended
@@ -71,4 +71,4 @@ class EventStreamResponse(Response):
                     await aclose()
             finally:
                 if self.on_end is not None:
-                    self.on_end()
+                    await self.on_end()

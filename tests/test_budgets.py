@@ -153,3 +153,25 @@ def test_a_failed_request_gives_its_reservation_back(tmp_path: Path, log_dir: Pa
         answered = chat(url, route.url, KEY, route.body("short", model="echo"))
     assert failed == [503] * 4
     assert answered.status_code == 200, answered.text
+
+
+def test_a_request_refused_after_admission_gives_its_reservation_back(tmp_path: Path, log_dir: Path):
+    """An OVMS image is screened after admission: its refusal (here a remote image, refused by
+    default) hands the reservation back, in the memory store too, where nothing else would."""
+    route = main_routes()["ovms"]
+    settings = {
+        "keys": [{"name": "team-a", "sha256": KEY_SHA, "budgets": [{"tokens": 40, "per": "day"}]}],
+        "deployments": [
+            {"name": "echo", "backend": "echo", "capabilities": {"modalities": ["text", "image"]}}
+        ],
+    }
+    path = tmp_path / "media.yaml"
+    path.write_text(yaml.safe_dump(settings))
+    image = {"type": "image_url", "image_url": {"url": "http://93.184.215.14/x.png"}}
+    body = route.body("word " * 20, model="echo")  # about 28 tokens reserved each time
+    body["messages"][-1]["content"] = [{"type": "text", "text": "word " * 20}, image]
+    with running_gateway(log_dir, path) as url:
+        refused = [chat(url, route.url, KEY, body).status_code for _ in range(4)]
+        answered = chat(url, route.url, KEY, route.body("short", model="echo"))
+    assert refused == [403] * 4
+    assert answered.status_code == 200, answered.text
