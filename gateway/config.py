@@ -96,13 +96,22 @@ class Replica(Strict):
 
 
 class Timeouts(Strict):
-    """Seconds. Each ends the request with the dialect's 504-class error."""
+    """Seconds. `first_token`, `idle` and `total` end the request with the dialect's 504-class
+    error; `headers` and `keepalive` shape how a stream waits for its first token."""
 
     first_token: float = Field(default=60.0, gt=0)
     idle: float = Field(default=60.0, gt=0, description="between two chunks of a stream")
     total: float = Field(default=600.0, gt=0)
+    headers: float = Field(
+        default=10.0,
+        gt=0,
+        description="seconds a stream's 200 waits for the first token: a failure before then is "
+        "answered with its own status in the dialect's shape",
+    )
     keepalive: float = Field(
-        default=10.0, gt=0, description="SSE comment interval while waiting for the first token"
+        default=10.0,
+        gt=0,
+        description="SSE keep-alive interval, after `headers`, while waiting for the first token",
     )
 
 

@@ -10,12 +10,21 @@ import orjson
 class SSE:
     media_type = "text/event-stream"
     done: bytes | None = b"data: [DONE]\n\n"
-    # a comment line: clients ignore it, proxies with idle timeouts see traffic
-    keepalive: bytes | None = b": keep-alive\n\n"
+    # An empty line: between events it dispatches nothing, and every client skips it, while
+    # proxies with idle timeouts see traffic. Not a comment (`: keep-alive`): the Azure and
+    # Aleph Alpha SDKs raise on any line that is not `data:`.
+    keepalive: bytes | None = b"\n"
 
     @staticmethod
     def frame(payload: Any) -> bytes:
         return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+    @staticmethod
+    def error(payload: Any) -> bytes:
+        """An error after the 200 went out, as an `error` event: the OpenAI SDK raises it with
+        its message; the Azure and Aleph Alpha SDKs, which would skip a `data:` line without
+        choices or fail on it with KeyError, raise on the event line."""
+        return b"event: error\ndata: " + orjson.dumps(payload) + b"\n\n"
 
 
 class JSONLines:
@@ -26,6 +35,8 @@ class JSONLines:
     @staticmethod
     def frame(payload: Any) -> bytes:
         return orjson.dumps(payload) + b"\n"
+
+    error = frame
 
 
 Framing = type[SSE] | type[JSONLines]

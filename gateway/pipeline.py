@@ -21,7 +21,16 @@ import orjson
 from starlette.responses import Response
 
 from gateway.call import Call
-from gateway.core.canonical import ChatRequest, EventStream, Item, answer_too_large, gather
+from gateway.core.canonical import (
+    ChatRequest,
+    Event,
+    EventStream,
+    Item,
+    ServedBy,
+    TextDelta,
+    answer_too_large,
+    gather,
+)
 from gateway.core.errors import ClientGone, GatewayError, InternalError
 from gateway.core.ids import random_hex
 from gateway.core.trace import Trace
@@ -32,6 +41,24 @@ from gateway.runtime import Admission, Runtime
 from gateway.streaming import EventStreamResponse
 
 log = logging.getLogger("chatgate")
+
+
+async def until_content(events: EventStream) -> list[Item]:
+    """The items up to and including the first that holds a token, a tool call, a finish or a
+    usage (not only who served it, nor an empty text: a role-only first chunk); all of them if
+    the answer ends first."""
+    held: list[Item] = []
+    async for item in events:
+        held.append(item)
+        if any(map(is_content, item if isinstance(item, list) else (item,))):
+            break
+    return held
+
+
+def is_content(event: Event) -> bool:
+    if isinstance(event, TextDelta):
+        return bool(event.text or event.logprobs)
+    return not isinstance(event, ServedBy)
 
 
 class ChatPipeline:
@@ -91,13 +118,16 @@ class ChatPipeline:
             response = Response(orjson.dumps(translator.completion(answer, completion)), media_type=JSON)
             response.raw_headers += admission.headers
             return response
-        # Wait for the first event a little: errors before the first byte are still HTTP
-        # errors. If it is slow, start the stream and keep it alive while waiting.
-        first = asyncio.ensure_future(anext(events, None))
+        # Hold the 200 until the first token: until then every failure is still an HTTP error
+        # in the dialect's shape (a role-only first chunk or a keep-alive would have sent the
+        # 200 and left the failure to an error event). Past the hold (for clients behind idle
+        # timeouts) the stream starts and keeps itself alive while it waits.
+        first = asyncio.ensure_future(until_content(events))
         framing = translator.framing
-        keepalive = admission.deployment.config.timeouts.keepalive if framing.keepalive else None
+        timeouts = admission.deployment.config.timeouts
+        hold = timeouts.headers if framing.keepalive else None
         try:
-            await unless_client_leaves(asyncio.wait({first}, timeout=keepalive), call.receive)
+            await unless_client_leaves(asyncio.wait({first}, timeout=hold), call.receive)
         except ClientGone:
             first.cancel()
             with contextlib.suppress(BaseException):
@@ -107,6 +137,7 @@ class ChatPipeline:
         if first.done() and (failure := first.exception()) is not None:
             await events.aclose()
             raise failure
+        keepalive = timeouts.keepalive if framing.keepalive else None
 
         async def ended() -> None:
             """However the stream ended (even before its body began): the upstream closed, an
@@ -137,15 +168,15 @@ class ChatPipeline:
     async def stream(
         self,
         answer: Answer,
-        first: asyncio.Future[Item | None],
+        first: asyncio.Future[list[Item]],
         events: EventStream,
         call: Call,
         keepalive: float | None,
     ) -> AsyncIterator[bytes]:
         """The answer's events as the dialect's stream; a failure ends it with an error in the
-        dialect's shape, never an invented finish reason."""
+        dialect's shape (an error event its SDKs raise on), never an invented finish reason."""
         translator = self.translator
-        frame = translator.framing.frame
+        frame = translator.framing.error
         state = StreamState()
         room = self.max_response_bytes
         try:
@@ -153,11 +184,11 @@ class ChatPipeline:
                 await asyncio.wait({first}, timeout=keepalive)
                 if not first.done() and translator.framing.keepalive is not None:
                     yield translator.framing.keepalive
-            item = first.result()
-            if item is not None:
-                # the chunks of one item go out in one write (a choice's role chunk and its
-                # first text arrive together)
-                if data := self.rendered(answer, item, state):
+            held = first.result()
+            if held:
+                # what came up to the first token goes out in one write (a choice's role chunk
+                # and its first text arrive together)
+                if data := b"".join(self.rendered(answer, item, state) for item in held):
                     room -= len(data)
                     yield data
                 # a turn of the loop, so that the first chunk leaves now: the edge joins what

@@ -4,6 +4,7 @@ A raw asyncio HTTP/1.1 server in a thread. The first path segment picks the beha
 `ok`, `slow-<ms>`, `reset` (stream, then drop the socket), `stall` (never answer),
 `stall-mid` (one chunk, then silence), `malformed`, `flaky` (500 once, then ok),
 `busy` (429 with Retry-After: 1), `fail…` (500; `POST /control/heal/<name>` makes it ok),
+`role-then-reset` (a stream whose first chunk holds only the role, then the socket dropped),
 `drip-<ms>` (a stream whose every chunk comes <ms> after the one before).
 It counts requests per behaviour, keeps the traceparent each request came with, and knows how
 many connections are open.
@@ -124,6 +125,15 @@ class FaultUpstream(LoopbackServer):
             await respond(writer, 200, b'{"id": "chatcmpl-up", "choices": [')
         elif behaviour == "stall":
             await reader.read(1)  # say nothing until the gateway hangs up
+            return False
+        elif behaviour == "role-then-reset":  # a first chunk with only the role, then gone
+            await start_stream(writer)
+            # as transformers serve and llama.cpp send it: a fingerprint, a role, no text yet
+            first = orjson.loads(chunk({"role": "assistant", "content": ""}).removeprefix(b"data: "))
+            await send_chunk(
+                writer, b"data: " + orjson.dumps({**first, "system_fingerprint": "fp-1"}) + b"\n\n"
+            )
+            writer.transport.abort()
             return False
         elif behaviour in ("reset", "stall-mid"):
             await start_stream(writer)

@@ -55,7 +55,11 @@ def gateway(upstream: FaultUpstream, tmp_path_factory, log_dir: Path) -> Iterato
         deployment("refused", [closed], health=never_eject),
         deployment("reset", [u("reset")], health=never_eject, retries={"attempts": 1}),
         deployment("stall", [u("stall")], health=never_eject, retries={"attempts": 1},
-                   timeouts={"first_token": 1.5, "keepalive": 0.3}),
+                   timeouts={"first_token": 1.5, "headers": 0.3, "keepalive": 0.3}),
+        # the 200 held until the first token (default hold, 10 s): a failure before it is a status
+        deployment("stall-held", [u("stall")], health=never_eject, retries={"attempts": 1},
+                   timeouts={"first_token": 1.5}),
+        deployment("role-then-reset", [u("role-then-reset")], health=never_eject, retries={"attempts": 1}),
         deployment("stall-mid", [u("stall-mid")], health=never_eject, timeouts={"idle": 1.0}),
         deployment("stall-mid-long", [u("stall-mid")], health=never_eject, timeouts={"idle": 60.0}),
         deployment("malformed", [u("malformed")], health=never_eject),
@@ -173,14 +177,59 @@ def test_reset_mid_stream_ends_with_an_error_event(gateway, dialect):
 
 @pytest.mark.parametrize("dialect", DIALECTS)
 def test_stall_before_first_token_sends_keepalives_then_times_out(gateway, dialect):
+    """Past the header hold the stream starts, kept alive by empty lines (which every SDK skips:
+    the Azure and Aleph Alpha SDKs raise on an SSE comment)."""
     started = time.monotonic()
     response = post(gateway, dialect, "stall", stream=True)
     elapsed = time.monotonic() - started
     assert response.status_code == 200
-    assert response.text.count(": keep-alive\n\n") >= 2
+    assert response.text.startswith("\n\n") and ": keep-alive" not in response.text
     events = sse_events(response.text)
     assert len(events) == 1 and "did not answer in time" in error_of(dialect, events[0])
     assert 1.4 < elapsed < 10
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_a_stream_that_fails_before_its_first_token_is_a_real_status(gateway, dialect):
+    """The 200 waits for the first token (issue 25: a keep-alive or a role-only first chunk
+    sent the 200, and the failure became an error event the Azure SDK returned as an empty
+    stream and the Aleph Alpha SDK as KeyError)."""
+    stalled = post(gateway, dialect, "stall-held", stream=True)
+    assert stalled.status_code == 504
+    assert "time to first token" in error_of(dialect, stalled.json())
+    cut = post(gateway, dialect, "role-then-reset", stream=True)
+    assert cut.status_code == 502, cut.text
+    assert error_of(dialect, cut.json())
+
+
+def test_an_error_after_the_first_token_is_raised_by_every_dialects_sdk(gateway):
+    """Once the 200 is out, a failure is an `error` event: openai, azure-ai-inference and
+    aleph-alpha-client each raise on it, none returns a short stream as if it were whole."""
+    import asyncio
+
+    import openai
+    from aleph_alpha_client import AsyncClient
+    from aleph_alpha_client.chat import ChatRequest, Message, Role
+    from azure.ai.inference import ChatCompletionsClient
+    from azure.core.credentials import AzureKeyCredential
+
+    client = openai.OpenAI(base_url=f"{gateway}/v1", api_key="x", max_retries=0)
+    with pytest.raises(openai.APIError, match="idle between chunks"):
+        for _ in client.chat.completions.create(model="stall-mid", messages=USER, stream=True):
+            pass
+    azure = ChatCompletionsClient(endpoint=f"{gateway}/azure", credential=AzureKeyCredential("x"))
+    with azure, pytest.raises(ValueError, match="event: error"):
+        for _ in azure.complete(messages=USER, model="stall-mid", stream=True):
+            pass
+
+    async def aleph_alpha() -> None:
+        request = ChatRequest(model="stall-mid", messages=[Message(role=Role.User, content="hello")])
+        async with AsyncClient(token="x", host=f"{gateway}/aleph-alpha", total_retries=0) as aleph:
+            async for _ in aleph.chat_with_streaming(request, model="stall-mid"):
+                pass
+
+    with pytest.raises(ValueError, match="event: error"):
+        asyncio.run(aleph_alpha())
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)
