@@ -335,6 +335,9 @@ class LMIDialect(Dialect):
         with self.post_stream(url, {"model": model, "stream": True, **params}, headers) as response:
             assert response.headers["content-type"].startswith("application/jsonlines")
             lines = [orjson.loads(line) for line in response.iter_lines() if line.strip()]
+        errors = [line for line in lines if "choices" not in line]
+        if errors:
+            raise DialectError(response.status_code, errors[0])
         for line in lines:
             conform("lmi.yaml", "ChatCompletionChunk", line)
         return fold_chunks(lines)

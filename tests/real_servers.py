@@ -176,7 +176,7 @@ def running_server(
             command,
             stdout=sink,
             stderr=subprocess.STDOUT,
-            env={**os.environ, **(environment or {})},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(environment or {})},  # its log as it goes
             start_new_session=True,
         )
     try:
