@@ -409,7 +409,7 @@ class OpenAICompatibleBackend:
                     events.append(RefusalDelta(index, refusal, refusal_logprobs))
                     fragments += len(refusal_logprobs) if refusal_logprobs else len(refusal.split())
                 calls = list(message.get("tool_calls") or ())
-                if message.get("function_call"):
+                if message.get("function_call") and not calls:  # llama.cpp gives a call as both
                     calls.append({"function": message["function_call"]})
                 for position, call in enumerate(calls):
                     function = call.get("function") or {}
@@ -563,7 +563,7 @@ class StreamState:
                     )
                     self.fragments += 1
                 calls = delta.get("tool_calls")
-                if delta.get("function_call"):
+                if delta.get("function_call") and not calls:  # the legacy form, alone
                     calls = [{"index": 0, "function": delta["function_call"]}]
                 if calls:
                     self.collect(index, calls, events)

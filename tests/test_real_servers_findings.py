@@ -241,3 +241,16 @@ def test_a_stream_without_upstream_usage_still_counts_the_prompt(upstream: Upstr
 
 # ----- found while building these tests (not in the issue's list) ---------------------------------
 
+
+@on("llama.cpp")
+@dialects(having="has_tools")
+def test_a_tool_call_the_server_also_gives_as_function_call_comes_back_once(
+    upstream: Upstream, dialect: Dialect
+):
+    """llama.cpp's answer to a forced tool call carries it twice: in `tool_calls` and in the
+    legacy `function_call`. Today chatgate's answer (not streamed) has two tool calls, the second
+    with an id of its own making. Correct: one, the server's."""
+    params = {**GREEDY, "max_tokens": 12, "tools": [TOOL], "tool_choice": FORCED_TOOL}
+    (call,) = upstream.direct(params)["choices"][0]["message"]["tool_calls"]
+    (choice,) = upstream.ask(dialect, params).choices
+    assert choice.tool_calls == [("get_weather", call["function"]["arguments"])]
