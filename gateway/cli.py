@@ -333,7 +333,8 @@ def probe(
     try:
         report = asyncio.run(run(target, probes))
     except ProbeUnavailable as error:
-        fail(f"probe: {error}")
+        hint = " (give a key with --key)" if error.status in (401, 403) and key is None else ""
+        fail(f"probe: {error}{hint}")
     if json_output:
         typer.echo(orjson.dumps(report.as_json(), option=orjson.OPT_INDENT_2).decode())
     else:

@@ -52,3 +52,7 @@ class ProbeReport:
 class ProbeUnavailable(Exception):
     """The probes cannot run: the upstream does not answer a plain request (down, a key needed,
     no such model), so nothing it does with a feature can be told."""
+
+    def __init__(self, message: str, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status  # the plain request's HTTP status; 0: no answer

@@ -43,7 +43,8 @@ async def probe(target: Target, probes: ProbeSet) -> ProbeReport:
     try:
         plain = await ask(keyed, probes.path, {"model": target.model, **probes.plain}, target.timeout)
         if (failed := probes.gate(plain)) is not None:
-            raise ProbeUnavailable(f"a plain request to {target.base_url}{probes.path} failed: {failed[1]}")
+            where = f"{target.base_url}{probes.path}"
+            raise ProbeUnavailable(f"a plain request to {where} failed: {failed[1]}", plain.status)
         slots = asyncio.Semaphore(AT_ONCE)
 
         async def judged(one: Probe) -> Finding:
