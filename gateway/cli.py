@@ -319,8 +319,8 @@ def probe(
     probes = PROBE_SETS.get(dialect)
     if probes is None:
         fail(f"probe: --dialect {dialect!r}: probes are written for {', '.join(PROBE_SETS)}")
-    if not url.startswith(("http://", "https://")):
-        fail(f"probe: {url!r} is not an http:// or https:// URL")
+    if (problem := url_problem(url)) is not None:
+        fail(f"probe: {url!r} is not a URL to probe: {problem}")
     headers = {}
     for item in header or []:
         name, colon, value = item.partition(":")
@@ -339,6 +339,22 @@ def probe(
         typer.echo(orjson.dumps(report.as_json(), option=orjson.OPT_INDENT_2).decode())
     else:
         typer.echo(report.render())
+
+
+def url_problem(url: str) -> str | None:
+    """Why `url` is not an http(s) URL with a host (None: it is one)."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (raises on a port out of range)
+    except ValueError as error:
+        return str(error)
+    if parts.scheme not in ("http", "https"):
+        return "it must begin with http:// or https://"
+    if not parts.hostname or any(c.isspace() for c in url):
+        return "it has no host name, or spaces in it"
+    return None
 
 
 def main() -> None:

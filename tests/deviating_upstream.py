@@ -101,11 +101,11 @@ def sse(payload: dict[str, Any]) -> bytes:
 
 
 @contextmanager
-def running_deviating_upstream(key: str | None = None) -> Iterator[DeviatingUpstream]:
-    """The stand-in served by uvicorn on a free loopback port, in a thread of this process;
-    its base URL (…/v1) in `url`."""
+def running_deviating_upstream(key: str | None = None, port: int = 0) -> Iterator[DeviatingUpstream]:
+    """The stand-in served by uvicorn on a loopback port (0: a free one), in a thread of this
+    process; its base URL (…/v1) in `url`."""
     stand_in = DeviatingUpstream(key)
-    port = free_port()
+    port = port or free_port()
     config = uvicorn.Config(
         stand_in.app(), host="127.0.0.1", port=port, log_level="critical", lifespan="off", loop="asyncio"
     )
