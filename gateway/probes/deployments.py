@@ -73,6 +73,9 @@ async def probe_deployment(live: LiveDeployment) -> DeploymentProbe:
             found.reports[replica.name] = await probe(target_of(backend), probes)
         except ProbeUnavailable as error:
             found.failures[replica.name] = str(error)
+        except Exception as error:  # a background task: a bug here must not end the probing unseen
+            log.exception("deployment %s, replica %s: probing failed", live.name, replica.name)
+            found.failures[replica.name] = f"{type(error).__name__}: {error}"
 
     await asyncio.gather(*(one(r, b) for r in live.replicas if (b := probed_backend(r)) is not None))
     for report in found.reports.values():
