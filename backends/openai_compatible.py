@@ -42,7 +42,7 @@ from backends.upstream_client import (
     UpstreamError,
     UpstreamResponse,
 )
-from backends.upstream_options import NetworkOptions
+from backends.upstream_options import NetworkOptions, ProbeOptions
 from backends.upstream_status import (
     CREDENTIALS,
     Answer,
@@ -164,7 +164,7 @@ STOP_TAIL = 1024  # characters of a streamed choice kept to check its end agains
 PATH = "/chat/completions"
 
 
-class Options(NetworkOptions):
+class Options(NetworkOptions, ProbeOptions):
     """A deployment's `options:` for this backend, validated at start."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)

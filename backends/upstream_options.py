@@ -93,6 +93,20 @@ class NetworkOptions(BaseModel):
         return context
 
 
+class ProbeOptions(BaseModel):
+    """The probing fields of a backend whose upstream speaks a dialect chatgate can probe."""
+
+    probe: bool = Field(
+        default=False,
+        description="Probe the upstream at start and on reload, in the background (`chatgate "
+        "probe`'s requests): a feature it ignores or refuses (n, logprobs, tools, json_object, "
+        "json_schema, stop, seed) is then refused with 422 rather than silently dropped. Until the "
+        "probes are done, and while the upstream cannot be probed, the capabilities are as declared. "
+        "/ready shows what was found.",
+    )
+    probe_timeout: float = Field(default=30.0, gt=0, description="Seconds for each probe request's answer.")
+
+
 def environment_proxy(url: str, environment: Mapping[str, str]) -> str | None:
     """The proxy the environment names for `url`, as curl and Python's urllib read it:
     `<scheme>_proxy`, else `all_proxy` (lower case before upper); `no_proxy` lists hosts (a name

@@ -283,5 +283,79 @@ def conformance(
     raise typer.Exit(0 if report.clean else 1)
 
 
+@cli.command()
+def probe(
+    url: Annotated[
+        str,
+        typer.Argument(
+            help="Base URL of the server's API, where its paths begin (vLLM, llama.cpp: "
+            "http://HOST:PORT/v1; chatgate: http://HOST:PORT/v1)."
+        ),
+    ],
+    model: Annotated[str, typer.Option(help="The model name sent in every request.")],
+    key: Annotated[
+        str | None,
+        typer.Option(
+            envvar="CHATGATE_KEY", help="A key, sent as `Authorization: Bearer` (env CHATGATE_KEY)."
+        ),
+    ] = None,
+    dialect: Annotated[str, typer.Option(help="The dialect the server speaks: openai.")] = "openai",
+    timeout: Annotated[float, typer.Option(min=0.1, help="Seconds for each probe request's answer.")] = 30.0,
+    header: Annotated[
+        list[str] | None, typer.Option(help="Another header for every request, 'Name: value' (repeat).")
+    ] = None,
+    json_output: Annotated[bool, typer.Option("--json", help="The findings as one JSON object.")] = False,
+) -> None:
+    """Find out which features a server honours (n, logprobs, tools, response_format, stop, seed,
+    max_tokens, stream [DONE] and usage, its error shape, auth), with a few cheap requests. Each
+    ends honoured, ignored, refused or broken. Exits 0 when the probes ran, 2 when they cannot."""
+    import asyncio
+
+    from gateway.probes.findings import ProbeUnavailable
+    from gateway.probes.runner import Target
+    from gateway.probes.runner import probe as run
+    from gateway.probes.sets import PROBE_SETS
+
+    probes = PROBE_SETS.get(dialect)
+    if probes is None:
+        fail(f"probe: --dialect {dialect!r}: probes are written for {', '.join(PROBE_SETS)}")
+    if (problem := url_problem(url)) is not None:
+        fail(f"probe: {url!r} is not a URL to probe: {problem}")
+    headers = {}
+    for item in header or []:
+        name, colon, value = item.partition(":")
+        if not colon or not name.strip():
+            fail(f"probe: --header {item!r} is not 'Name: value'")
+        headers[name.strip()] = value.strip()
+    if key is not None:
+        headers["authorization"] = f"Bearer {key}"
+    target = Target(url.rstrip("/"), model, headers, timeout)
+    try:
+        report = asyncio.run(run(target, probes))
+    except ProbeUnavailable as error:
+        hint = " (give a key with --key)" if error.status in (401, 403) and key is None else ""
+        fail(f"probe: {error}{hint}")
+    if json_output:
+        typer.echo(orjson.dumps(report.as_json(), option=orjson.OPT_INDENT_2).decode())
+    else:
+        typer.echo(report.render())
+
+
+def url_problem(url: str) -> str | None:
+    """Why `url` is not an http(s) URL with a host (None: it is one)."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (raises on a port out of range)
+    except ValueError as error:
+        return str(error)
+    if parts.scheme not in ("http", "https"):
+        return "it must begin with http:// or https://"
+    if not parts.hostname or any(c.isspace() for c in url):
+        return "it has no host name, or spaces in it"
+    return None
+
+
 def main() -> None:
     cli()

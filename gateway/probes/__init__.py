@@ -1,0 +1,10 @@
+"""Feature probes: a few cheap requests that find out what an upstream honours, rather than
+assuming it. `chatgate probe` runs them against any URL; a deployment with `probe: true` runs
+them against its replicas at start and on reload, and narrows its capabilities by the result.
+
+- `findings`: the verdicts (honoured, ignored, refused, broken) and a run's report;
+- `dialects`: each dialect's probe set (the requests and how their answers are judged);
+- `runner`: sends a probe set to one URL;
+- `narrowing`: findings → the deployment's capabilities, less what the upstream does not honour;
+- `deployments`: the background probing of the deployments that ask for it.
+"""

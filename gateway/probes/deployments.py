@@ -1,0 +1,150 @@
+"""The deployments that ask for it (`options.probe: true`), probed in the background at start
+and on reload: each replica gets the dialect's probes, and the deployment's capabilities are
+narrowed by what any replica does not honour (a request may go to any of them). Start is never
+delayed: until the probes are done, and while the upstream cannot be probed (it is down, or
+refuses the gateway's key), the capabilities are as declared, and the probes are tried again."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from backends.openai_compatible import OpenAICompatibleBackend
+from gateway.policy.capabilities import effective
+from gateway.probes.findings import ProbeReport, ProbeUnavailable
+from gateway.probes.narrowing import narrowed, not_honoured, refused_requests
+from gateway.probes.runner import Target, probe
+from gateway.probes.sets import PROBE_SETS
+from gateway.router import LiveDeployment, Replica, Router
+
+log = logging.getLogger("chatgate.probes")
+RETRY_SECONDS = (5.0, 15.0, 60.0)  # waits after failed tries; the last, for good
+
+
+@dataclass(slots=True)
+class DeploymentProbe:
+    """A deployment's probing: where it stands, and what each replica's probes found."""
+
+    state: Literal["probing", "done", "failed"] = "probing"
+    reports: dict[str, ProbeReport] = field(default_factory=dict)  # by replica
+    failures: dict[str, str] = field(default_factory=dict)  # by replica: why it was not probed
+    features: set[str] = field(default_factory=set)  # not honoured by some replica: narrowed
+
+    def as_json(self) -> dict[str, Any]:
+        replicas: dict[str, Any] = {name: {"error": why} for name, why in self.failures.items()}
+        for name, report in self.reports.items():
+            replicas[name] = {"findings": report.verdicts()}
+        return {
+            "state": self.state,
+            "narrowed": sorted(self.features),
+            "refused": refused_requests(self.features),
+            "replicas": replicas,
+        }
+
+
+def probed_backend(replica: Replica) -> OpenAICompatibleBackend | None:
+    backend = replica.backend
+    if isinstance(backend, OpenAICompatibleBackend) and backend.options.probe:
+        return backend
+    return None
+
+
+def target_of(backend: OpenAICompatibleBackend) -> Target:
+    """The replica's upstream, reached as the backend reaches it (its headers and key, proxy, TLS)."""
+    return Target(
+        backend.shown_url,
+        backend.upstream_model,
+        backend.client.headers,
+        timeout=backend.options.probe_timeout,
+        connect=backend.options.connect,
+        proxy=backend.proxy,
+        tls=backend.tls,
+    )
+
+
+async def probe_deployment(live: LiveDeployment) -> DeploymentProbe:
+    found = DeploymentProbe()
+    probes = PROBE_SETS["openai"]  # what the openai-compatible backend speaks upstream
+
+    async def one(replica: Replica, backend: OpenAICompatibleBackend) -> None:
+        try:
+            found.reports[replica.name] = await probe(target_of(backend), probes)
+        except ProbeUnavailable as error:
+            found.failures[replica.name] = str(error)
+        except Exception as error:  # a background task: a bug here must not end the probing unseen
+            log.exception("deployment %s, replica %s: probing failed", live.name, replica.name)
+            found.failures[replica.name] = f"{type(error).__name__}: {error}"
+
+    await asyncio.gather(*(one(r, b) for r in live.replicas if (b := probed_backend(r)) is not None))
+    for report in found.reports.values():
+        found.features |= not_honoured(report.findings)
+    found.state = "done" if found.reports else "failed"
+    return found
+
+
+class DeploymentProbes:
+    """The probing of one runtime's deployments; `previous`: the one a reload replaces (what it
+    found shows until the new probes are done)."""
+
+    def __init__(self, router: Router, previous: DeploymentProbes | None = None) -> None:
+        self.deployments = {
+            name: live
+            for name, live in router.deployments.items()
+            if any(probed_backend(r) is not None for r in live.replicas)
+        }
+        # a deployment the reload kept shows what was found until its new probes are done
+        kept = previous.results if previous is not None else {}
+        self.results: dict[str, DeploymentProbe] = {
+            name: DeploymentProbe(reports=dict(last.reports), features=set(last.features))
+            if (last := kept.get(name)) is not None
+            and last.reports
+            and previous is not None
+            and previous.deployments.get(name) is live
+            else DeploymentProbe()
+            for name, live in self.deployments.items()
+        }
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def start(self) -> None:
+        for name, live in self.deployments.items():
+            task = asyncio.get_running_loop().create_task(self.keep_probing(name, live))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+    async def keep_probing(self, name: str, live: LiveDeployment) -> None:
+        declared = effective(live.replicas[0].backend.capabilities, live.config.capabilities)
+        tries = 0
+        while True:
+            found = await probe_deployment(live)
+            if found.state == "done":
+                self.results[name] = found
+                live.capabilities = narrowed(declared, found.features)
+                log.info(
+                    "deployment %s: probed; not honoured: %s",
+                    name,
+                    ", ".join(sorted(found.features)) or "none",
+                )
+                return
+            wait = RETRY_SECONDS[min(tries, len(RETRY_SECONDS) - 1)]
+            tries += 1
+            current = self.results[name]
+            current.failures = found.failures
+            if not current.reports:  # nothing found yet: as declared
+                current.state = "failed"
+            log.warning(
+                "deployment %s: cannot probe (%s); capabilities as declared, trying again in %g s",
+                name,
+                "; ".join(found.failures.values()),
+                wait,
+            )
+            await asyncio.sleep(wait)
+
+    def summary(self) -> dict[str, Any]:
+        return {name: result.as_json() for name, result in self.results.items()}
+
+    async def aclose(self) -> None:
+        for task in list(self.tasks):
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)

@@ -1,0 +1,64 @@
+"""The shape of a dialect's probe set: requests, and how each answer is judged. A dialect adds
+its probes by writing a `ProbeSet` (see `openai.py`) and naming it in `sets.PROBE_SETS`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.probes.findings import Verdict
+
+Judgement = tuple[Verdict, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """What came back for one probe request."""
+
+    status: int = 0  # 0: no answer came (`failure` says why)
+    body: Any = None  # a JSON answer, parsed (None when the body is not JSON)
+    raw: bytes = b""
+    streamed: bool = False  # framed as a stream (its chunks in `chunks`)
+    chunks: tuple[Any, ...] = ()  # a stream's chunks, parsed
+    done: bool = False  # the stream ended with its end marker ([DONE])
+    failure: str = ""
+
+
+Judge = Callable[[list[Answer]], Judgement]
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """One feature: the requests that try it (the model is added to each) and the judge of
+    their answers. Unless `any_status`, an answer that is not a 2xx is judged before the judge
+    sees it: a 4xx is `refused`, anything else `broken`."""
+
+    feature: str
+    bodies: tuple[dict[str, Any], ...]
+    judge: Judge
+    any_status: bool = False
+    keyless: bool = False  # sent without the key (to see whether one is asked for)
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeSet:
+    dialect: str
+    path: str  # of the chat operation, below the base URL
+    plain: dict[str, Any]  # a request every server answers: when it fails, nothing can be probed
+    probes: tuple[Probe, ...]
+    error_message: Callable[[bytes], str]  # an error body's words, for a refusal's detail
+
+    def gate(self, answer: Answer) -> Judgement | None:
+        """The verdict of an answer that is not a usable 2xx; None for one the judge reads."""
+        if answer.status == 0:
+            return "broken", answer.failure
+        if answer.status == 429:
+            return "broken", "HTTP 429: rate limited, try again later"
+        if 400 <= answer.status < 500:
+            return "refused", f"HTTP {answer.status}: {self.error_message(answer.raw)}"
+        if not 200 <= answer.status < 300:
+            return "broken", f"HTTP {answer.status}"
+        if answer.body is None and not answer.streamed:
+            return "broken", f"the answer is not JSON: {answer.raw[:120]!r}"
+        return None

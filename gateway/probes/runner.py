@@ -1,0 +1,109 @@
+"""Sends a dialect's probe set to one URL and judges the answers: a plain request first (when
+it fails, nothing else can be told, and `ProbeUnavailable` says why), then every probe, a few
+at a time, each request bounded by the target's timeout."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from backends.stream_decoders import decoder_for
+from backends.upstream_client import Limits, UpstreamClient, UpstreamError
+from gateway.probes.findings import Finding, ProbeReport, ProbeUnavailable
+from gateway.probes.probe_set import Answer, Probe, ProbeSet
+
+KEY_HEADERS = frozenset({"authorization", "api-key", "x-api-key"})
+AT_ONCE = 4  # probe requests in flight together
+MAX_ANSWER_BYTES = 4 * 1024 * 1024
+HEADERS = {"content-type": "application/json", "accept-encoding": "identity", "user-agent": "chatgate-probe"}
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Where to probe and how to reach it."""
+
+    base_url: str  # where the dialect's paths begin, e.g. http://host:8000/v1
+    model: str
+    headers: Mapping[str, str] = field(default_factory=dict)  # the key among them, if any
+    timeout: float = 30.0  # seconds for each probe request's whole answer
+    connect: float = 5.0
+    proxy: str | None = None
+    tls: ssl.SSLContext | None = None
+
+
+async def probe(target: Target, probes: ProbeSet) -> ProbeReport:
+    """Every probe of the set, judged; raises ProbeUnavailable when a plain request fails."""
+    keyed = client(target, target.headers)
+    keyless = client(target, {k: v for k, v in target.headers.items() if k.lower() not in KEY_HEADERS})
+    try:
+        plain = await ask(keyed, probes.path, {"model": target.model, **probes.plain}, target.timeout)
+        if (failed := probes.gate(plain)) is not None:
+            where = f"{target.base_url}{probes.path}"
+            raise ProbeUnavailable(f"a plain request to {where} failed: {failed[1]}", plain.status)
+        slots = asyncio.Semaphore(AT_ONCE)
+
+        async def judged(one: Probe) -> Finding:
+            answers = []
+            for body in one.bodies:
+                async with slots:
+                    sent = keyless if one.keyless else keyed
+                    request = {"model": target.model, **body}
+                    answers.append(await ask(sent, probes.path, request, target.timeout))
+            gated = None if one.any_status else next(filter(None, map(probes.gate, answers)), None)
+            verdict, detail = gated or one.judge(answers)
+            return Finding(one.feature, verdict, detail)
+
+        findings = await asyncio.gather(*(judged(one) for one in probes.probes))
+    finally:
+        await keyed.aclose()
+        await keyless.aclose()
+    return ProbeReport(target.base_url, target.model, probes.dialect, list(findings))
+
+
+def client(target: Target, headers: Mapping[str, str]) -> UpstreamClient:
+    limits = Limits(
+        connect=target.connect,
+        max_connections=AT_ONCE,
+        keepalive_seconds=2.0,
+        max_header_bytes=64 * 1024,
+        max_response_bytes=MAX_ANSWER_BYTES,
+    )
+    sent = {**HEADERS, **{k.lower(): v for k, v in headers.items()}}
+    return UpstreamClient(target.base_url, sent, limits, proxy=target.proxy, ssl_context=target.tls)
+
+
+def parsed(raw: bytes) -> Any:
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+
+
+async def ask(upstream: UpstreamClient, path: str, body: dict[str, Any], timeout: float) -> Answer:
+    """One probe request's answer, read whole (a stream chunk by chunk); never raises."""
+    answer = None
+    try:
+        async with asyncio.timeout(timeout):
+            answer = await upstream.post(path, orjson.dumps(body))
+            status = answer.status
+            decoder = decoder_for(answer.media_type) if 200 <= status < 300 else None
+            if decoder is None:
+                raw = await answer.read()
+                return Answer(status, parsed(raw), raw)
+            chunks = []
+            while piece := await answer.read_some():
+                chunks += [parsed(payload) for payload in decoder.feed(piece)]
+            chunks += [parsed(payload) for payload in decoder.close()]
+            return Answer(status, streamed=True, chunks=tuple(chunks), done=decoder.done)
+    except TimeoutError:
+        return Answer(failure=f"no answer within {timeout:g} s")
+    except UpstreamError as error:
+        return Answer(failure=f"{type(error).__name__}: {error}")
+    finally:
+        if answer is not None:
+            answer.close()

@@ -1,0 +1,125 @@
+"""A stand-in OpenAI-compatible server that deviates as real ones do: it ignores `n`, logprobs,
+tools and response_format (answering one plain choice, as transformers serve does), keeps the
+stop string in its text, honours max_tokens and seed (it is deterministic), ends a stream
+without [DONE] and without a usage chunk, and answers errors as {"detail": ...} (FastAPI's
+shape, not OpenAI's). With `key`, every request must carry it as a Bearer token.
+
+It echoes the last user message, so what it honours is plain to see."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import orjson
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from tests.servers import free_port
+
+
+class DeviatingUpstream:
+    def __init__(self, key: str | None = None) -> None:
+        self.key = key
+        self.url = ""
+        self.bodies: list[dict[str, Any]] = []  # every chat request, as received
+
+    def app(self) -> Starlette:
+        return Starlette(routes=[Route("/v1/chat/completions", self.chat, methods=["POST"])])
+
+    async def chat(self, request: Request) -> Response:
+        if self.key is not None and request.headers.get("authorization") != f"Bearer {self.key}":
+            return detail(401, "Not authenticated")
+        try:
+            body = orjson.loads(await request.body())
+        except orjson.JSONDecodeError:
+            return detail(422, "the body is not JSON")
+        if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+            return detail(422, "messages: Input should be a valid list")
+        self.bodies.append(body)
+        words, finish = answer(body)
+        if body.get("stream"):
+            return StreamingResponse(chunks(words, finish), media_type="text/event-stream")
+        completion = {
+            "id": "chatcmpl-deviating",
+            "object": "chat.completion",
+            "created": 0,
+            "model": body.get("model"),
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": " ".join(words)},
+                    "logprobs": None,
+                    "finish_reason": finish,
+                }
+            ],
+            "usage": {"prompt_tokens": 8, "completion_tokens": len(words), "total_tokens": 8 + len(words)},
+        }
+        return Response(orjson.dumps(completion), media_type="application/json")
+
+
+def detail(status: int, message: str) -> Response:
+    return Response(orjson.dumps({"detail": message}), status_code=status, media_type="application/json")
+
+
+def answer(body: dict[str, Any]) -> tuple[list[str], str]:
+    """The last user message's words, up to and with a stop string, at most max_tokens of them."""
+    said = ""
+    for message in body["messages"]:
+        if isinstance(message, dict) and message.get("role") == "user":
+            said = message.get("content") if isinstance(message.get("content"), str) else ""
+    stops = body.get("stop") or []
+    stops = [stops] if isinstance(stops, str) else stops
+    finish = "stop"
+    for stop in stops:
+        at = said.find(stop)
+        if at >= 0:
+            said = said[: at + len(stop)]  # kept, as TGI's and some servers' defaults do
+    words = said.split()
+    limit = body.get("max_tokens")
+    if isinstance(limit, int) and len(words) > limit:
+        words, finish = words[:limit], "length"
+    return words, finish
+
+
+async def chunks(words: list[str], finish: str) -> AsyncIterator[bytes]:
+    for position, word in enumerate(words):
+        delta = {"content": (" " if position else "") + word}
+        yield sse({"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta}]})
+    ending = {"index": 0, "delta": {}, "finish_reason": finish}
+    yield sse({"id": "c", "object": "chat.completion.chunk", "choices": [ending]})
+
+
+def sse(payload: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+@contextmanager
+def running_deviating_upstream(key: str | None = None, port: int = 0) -> Iterator[DeviatingUpstream]:
+    """The stand-in served by uvicorn on a loopback port (0: a free one), in a thread of this
+    process; its base URL (…/v1) in `url`."""
+    stand_in = DeviatingUpstream(key)
+    port = port or free_port()
+    config = uvicorn.Config(
+        stand_in.app(), host="127.0.0.1", port=port, log_level="critical", lifespan="off", loop="asyncio"
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="deviating-upstream", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the deviating stand-in did not start")
+        time.sleep(0.02)
+    stand_in.url = f"http://127.0.0.1:{port}/v1"
+    try:
+        yield stand_in
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
