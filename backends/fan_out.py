@@ -7,7 +7,6 @@ what the request costs, is the sum).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
@@ -30,7 +29,7 @@ class Failure:
     error: Exception
 
 
-async def joined(answers: list[EventStream]) -> AsyncIterator[Item]:
+async def joined(answers: list[EventStream]) -> EventStream:
     """The items of one-choice answers as they arrive, answer k's events indexed k, and then
     their summed usage; the first failure ends them all. Each answer is read at most one item
     ahead of the client (the queue holds one item per answer)."""

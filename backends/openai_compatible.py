@@ -223,6 +223,16 @@ class Options(NetworkOptions, ChoiceOptions):
         return value.rstrip("/")
 
 
+def most_choices(options: Options) -> int:
+    """The most choices a request may ask for: one where they are refused (the policy's 422
+    names n); a fan-out's requests each take a connection, so no more than the pool holds."""
+    if options.n == "refuse":
+        return 1
+    if options.n == "fan-out":
+        return min(CAPABILITIES.max_n, options.max_connections)
+    return CAPABILITIES.max_n
+
+
 def without_userinfo(url: str) -> str:
     """The URL with any `user:password@` taken out, as logs may show it."""
     parts = urlsplit(url)
@@ -247,8 +257,7 @@ class OpenAICompatibleBackend:
         self.capabilities = replace(
             CAPABILITIES,
             parameters={**CAPABILITIES.parameters, "max_tokens": Param(target)},
-            # refused: the policy answers a request for more than one choice 422, naming n
-            max_n=1 if self.options.n == "refuse" else CAPABILITIES.max_n,
+            max_n=most_choices(self.options),
         )
         # decided once, at start: where the connections go, and how TLS is checked (a bad
         # certificate file stops the gateway here, not at the first request)
@@ -324,16 +333,16 @@ class OpenAICompatibleBackend:
             if self.options.n == "fan-out":
                 return self.fanned_out(request, asked)
             return refused_n(asked)  # only an extra `n` gets here: the policy refused the request's own
-        return self.answer(request, asked)
+        return self.one_answer(request, asked)
 
-    async def fanned_out(self, request: ChatRequest, asked: int) -> AsyncIterator[Item]:
+    async def fanned_out(self, request: ChatRequest, asked: int) -> EventStream:
         """`asked` requests of one choice each (request k with seed + k, when a seed is set),
         joined (backends.fan_out)."""
         body = self.upstream_body(request)
         body.pop("n", None)
         seed = body.get("seed")
         answers = [
-            self.answer(request, 1, {**body, "seed": seed + k} if type(seed) is int else body)
+            self.one_answer(request, 1, {**body, "seed": seed + k} if type(seed) is int else body)
             for k in range(asked)
         ]
         source = joined(answers)
@@ -341,11 +350,11 @@ class OpenAICompatibleBackend:
             async for item in source:
                 yield item
         finally:  # also when the client went away: every upstream request is hung up on now
-            await source.aclose()  # type: ignore[attr-defined]
+            await source.aclose()
 
-    async def answer(
+    async def one_answer(
         self, request: ChatRequest, asked: int | None, body: dict[str, Any] | None = None
-    ) -> AsyncIterator[Item]:
+    ) -> EventStream:
         """One upstream request's answer, which must hold the `asked` choices (None: the count is
         not known, the upstream's own business)."""
         loop = asyncio.get_running_loop()
@@ -712,7 +721,7 @@ def choices_asked(request: ChatRequest) -> int | None:
     return n if type(n) is int and n >= 1 else None
 
 
-async def refused_n(asked: int) -> AsyncIterator[Item]:
+async def refused_n(asked: int) -> EventStream:
     """A deployment with `options.n: refuse` asked for several choices: 422 naming n."""
     raise UnprocessableContent(
         f"The model returns one choice per request; {asked} were asked for (parameter 'n').",

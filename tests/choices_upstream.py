@@ -2,7 +2,8 @@
 
 `/honours/v1/chat/completions` answers `n` choices (vLLM, SGLang, OpenAI): a whole completion
 with each, or a stream whose chunks interleave them. `/ignores/v1/chat/completions` answers one
-choice whatever `n` says (Hugging Face `transformers serve`, llama.cpp's server). Every answer's
+choice whatever `n` says (Hugging Face `transformers serve`, llama.cpp's server); `/stalls/v1/…`
+streams one chunk of one choice, then says no more until the gateway hangs up. Every answer's
 text names the request it answers (`reply <k>`, k counting from 1) and its choice; usage is
 PROMPT_TOKENS for the prompt and COMPLETION_TOKENS per choice. The bodies received are kept.
 """
@@ -31,6 +32,7 @@ class ChoicesUpstream(LoopbackServer):
     def __init__(self) -> None:
         super().__init__()
         self.received: list[tuple[str, dict[str, Any]]] = []  # (behaviour, body) per request
+        self.hung_up = 0  # stalled answers the gateway hung up on
 
     def base_url(self, behaviour: str) -> str:
         return f"{self.url}/{behaviour}/v1"
@@ -51,7 +53,13 @@ class ChoicesUpstream(LoopbackServer):
             self.received.append((behaviour, body))
             k = len(self.received)
             n = (body.get("n") or 1) if behaviour == "honours" else 1
-            if body.get("stream"):
+            if behaviour == "stalls":
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n")
+                writer.write(chunk(k, [{"index": 0, "delta": {"content": "reply"}, "finish_reason": None}]))
+                await writer.drain()
+                await reader.read()  # returns when the gateway closes the connection
+                self.hung_up += 1
+            elif body.get("stream"):
                 await self.stream(writer, k, n, bool((body.get("stream_options") or {}).get("include_usage")))
             else:
                 await self.whole(writer, k, n)

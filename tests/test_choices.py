@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +21,16 @@ import httpx
 import pytest
 import yaml
 
-from gateway.core.canonical import Finish, TextDelta, Usage, gather
+from backends.fan_out import summed
+from backends.openai_compatible import OpenAICompatibleBackend
+from gateway.core.canonical import (
+    CompletionTokensDetails,
+    Finish,
+    PromptTokensDetails,
+    TextDelta,
+    Usage,
+    gather,
+)
 from tests.choices_upstream import COMPLETION_TOKENS, PROMPT_TOKENS, ChoicesUpstream, choice_text
 from tests.servers import CHAT_PATHS, running_gateway
 
@@ -83,6 +93,7 @@ def configured(
         [
             deployment("fan-out", upstream, "ignores", n="fan-out"),
             deployment("refuse", upstream, "ignores", n="refuse"),
+            deployment("fan-out-stalls", upstream, "stalls", n="fan-out"),
         ],
     )
 
@@ -261,6 +272,28 @@ def test_fan_out_of_one_choice_is_one_request(configured: str, upstream: Choices
     assert len(upstream.received) == before + 1
 
 
+def test_a_client_leaving_a_fan_out_hangs_up_on_every_upstream_request(
+    configured: str, upstream: ChoicesUpstream
+) -> None:
+    body = {
+        "model": "fan-out-stalls",
+        "messages": [{"role": "user", "content": "hi"}],
+        "n": 3,
+        "stream": True,
+    }
+    before = len(upstream.received)
+    with httpx.stream("POST", configured + CHAT_PATHS["openai"], json=body, timeout=TIMEOUT) as response:
+        assert response.status_code == 200
+        first = next(line for line in response.iter_lines() if line.startswith("data: "))
+        assert json.loads(first.removeprefix("data: "))["choices"], "the stream has begun"
+        assert len(upstream.received) == before + 3
+    # the client has gone: the three upstream answers it was waiting on are closed
+    deadline = time.monotonic() + 10
+    while upstream.hung_up < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert upstream.hung_up == 3
+
+
 # ----- options.n: refuse -------------------------------------------------------------------------
 
 
@@ -278,7 +311,23 @@ def test_refuse_answers_422_naming_n_before_asking_the_upstream(
     assert one.status == 200 and list(one.choices) == [0] and one.errors == []
 
 
-# ----- in process: the gathered completion --------------------------------------------------------
+# ----- in process ---------------------------------------------------------------------------------
+
+
+def test_a_fan_out_asks_for_no_more_choices_than_its_connections() -> None:
+    def most(**options: Any) -> int:
+        return OpenAICompatibleBackend("m", base_url="http://up/v1", **options).capabilities.max_n
+
+    assert (most(), most(n="refuse"), most(n="fan-out", max_connections=4)) == (128, 1, 4)
+
+
+def test_a_fan_outs_usage_is_the_sum_of_its_answers() -> None:
+    one = Usage(3, 2, CompletionTokensDetails(reasoning_tokens=1), PromptTokensDetails(cached_tokens=2))
+    other = Usage(4, 5, CompletionTokensDetails(reasoning_tokens=2, audio_tokens=1))
+    total = summed([one, other, Usage(1, 1)])
+    assert (total.prompt_tokens, total.completion_tokens) == (8, 8)
+    assert total.completion_tokens_details == CompletionTokensDetails(reasoning_tokens=3, audio_tokens=1)
+    assert total.prompt_tokens_details == PromptTokensDetails(cached_tokens=2)
 
 
 async def events(*items: Any) -> Any:
