@@ -32,6 +32,7 @@ import orjson
 from pydantic import ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from backends.base import Capabilities, Param, mapped, same_names
+from backends.fan_out import joined
 from backends.stream_decoders import StreamDecoder, decoder_for
 from backends.upstream_client import (
     ConnectFailed,
@@ -42,7 +43,7 @@ from backends.upstream_client import (
     UpstreamError,
     UpstreamResponse,
 )
-from backends.upstream_options import NetworkOptions, ProbeOptions
+from backends.upstream_options import ChoiceOptions, NetworkOptions, ProbeOptions
 from backends.upstream_status import (
     CREDENTIALS,
     Answer,
@@ -56,6 +57,7 @@ from gateway.core.canonical import (
     ChatRequest,
     CompletionTokensDetails,
     Event,
+    EventStream,
     Finish,
     FinishReason,
     Item,
@@ -164,7 +166,7 @@ STOP_TAIL = 1024  # characters of a streamed choice kept to check its end agains
 PATH = "/chat/completions"
 
 
-class Options(NetworkOptions, ProbeOptions):
+class Options(NetworkOptions, ChoiceOptions, ProbeOptions):
     """A deployment's `options:` for this backend, validated at start."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -221,6 +223,16 @@ class Options(NetworkOptions, ProbeOptions):
         return value.rstrip("/")
 
 
+def most_choices(options: Options) -> int:
+    """The most choices a request may ask for: one where they are refused (the policy's 422
+    names n); a fan-out's requests each take a connection, so no more than the pool holds."""
+    if options.n == "refuse":
+        return 1
+    if options.n == "fan-out":
+        return min(CAPABILITIES.max_n, options.max_connections)
+    return CAPABILITIES.max_n
+
+
 def without_userinfo(url: str) -> str:
     """The URL with any `user:password@` taken out, as logs may show it."""
     parts = urlsplit(url)
@@ -243,7 +255,9 @@ class OpenAICompatibleBackend:
         self.shown_url = without_userinfo(self.options.base_url)  # for logs: never a password
         target = self.options.max_tokens_parameter
         self.capabilities = replace(
-            CAPABILITIES, parameters={**CAPABILITIES.parameters, "max_tokens": Param(target)}
+            CAPABILITIES,
+            parameters={**CAPABILITIES.parameters, "max_tokens": Param(target)},
+            max_n=most_choices(self.options),
         )
         # decided once, at start: where the connections go, and how TLS is checked (a bad
         # certificate file stops the gateway here, not at the first request)
@@ -251,6 +265,7 @@ class OpenAICompatibleBackend:
         self.tls = self.options.ssl_context() if self.uses_tls else None
         self._client: UpstreamClient | None = None
         self._warned_no_usage = False
+        self._warned_fewer_choices = False
 
     def __repr__(self) -> str:
         return f"OpenAICompatibleBackend(model={self.model!r}, base_url={self.shown_url!r})"
@@ -310,18 +325,49 @@ class OpenAICompatibleBackend:
 
     # ----- response -----------------------------------------------------------------------
 
-    async def generate(self, request: ChatRequest) -> AsyncIterator[Item]:
+    def generate(self, request: ChatRequest) -> EventStream:
+        """The answer's events: from one upstream request, or (`options.n: fan-out`) from one per
+        choice asked for."""
+        asked = choices_asked(request)
+        if asked is not None and asked > 1 and self.options.n != "native":
+            if self.options.n == "fan-out":
+                return self.fanned_out(request, asked)
+            return refused_n(asked)  # only an extra `n` gets here: the policy refused the request's own
+        return self.one_answer(request, asked)
+
+    async def fanned_out(self, request: ChatRequest, asked: int) -> EventStream:
+        """`asked` requests of one choice each (request k with seed + k, when a seed is set),
+        joined (backends.fan_out)."""
+        body = self.upstream_body(request)
+        body.pop("n", None)
+        seed = body.get("seed")
+        answers = [
+            self.one_answer(request, 1, {**body, "seed": seed + k} if type(seed) is int else body)
+            for k in range(asked)
+        ]
+        source = joined(answers)
+        try:
+            async for item in source:
+                yield item
+        finally:  # also when the client went away: every upstream request is hung up on now
+            await source.aclose()
+
+    async def one_answer(
+        self, request: ChatRequest, asked: int | None, body: dict[str, Any] | None = None
+    ) -> EventStream:
+        """One upstream request's answer, which must hold the `asked` choices (None: the count is
+        not known, the upstream's own business)."""
         loop = asyncio.get_running_loop()
         started = loop.time()
         deadline = started + self.options.total
         first_deadline = min(deadline, started + self.options.first_byte)
         client = self._client or self.client
-        body = orjson.dumps(self.upstream_body(request))
+        sent = orjson.dumps(self.upstream_body(request) if body is None else body)
         answer: UpstreamResponse | None = None
         request.trace.answered(None)  # this try's upstream says its own, if any
         try:
             async with asyncio.timeout_at(first_deadline if request.stream else deadline) as timeout:
-                answer = await client.post(PATH, body, request.trace.headers())
+                answer = await client.post(PATH, sent, request.trace.headers())
                 request.trace.answered(answer.headers.get("x-request-id"))
                 status = answer.status
                 # framed as a stream (SSE, or LMI's JSON lines) whether or not one was asked for
@@ -334,10 +380,10 @@ class OpenAICompatibleBackend:
             if not 200 <= status < 300:
                 raise BadGateway(f"The upstream model server answered HTTP {status}, not a completion.")
             if decoder is not None:
-                async for event in self.relay(answer, decoder, request, first_deadline, deadline):
+                async for event in self.relay(answer, decoder, request, asked, first_deadline, deadline):
                     yield event
                 return
-            yield self.completion_events(parse_json(raw), request)
+            yield self.completion_events(parse_json(raw), request, asked)
         except (UpstreamError, TimeoutError) as exc:
             raise self.transport_error(exc, loop.time() - started) from None
         finally:
@@ -351,12 +397,13 @@ class OpenAICompatibleBackend:
         answer: UpstreamResponse,
         decoder: StreamDecoder,
         request: ChatRequest,
+        asked: int | None,
         first_deadline: float,
         deadline: float,
     ) -> AsyncIterator[Item]:
         """Decode the upstream's stream and yield its events chunk by chunk, as they arrive (a
         chunk's events as one batch)."""
-        state = StreamState(request.n, request.stop)
+        state = StreamState(asked or self.capabilities.max_n, request.stop)
         read = answer.read_some  # whatever has arrived; b"" only at the end
         until = first_deadline  # until the first generated chunk, then the whole answer's deadline
         while not decoder.done:
@@ -371,6 +418,7 @@ class OpenAICompatibleBackend:
                 break
         if not decoder.done and state.unfinished:
             raise BadGateway("The upstream closed the stream before the answer was finished.")
+        self.check_choices(len(state.seen), asked)
         if state.usage is None:
             self.warn_no_usage()
         yield [*state.close(), state.usage or Usage(request.prompt_tokens, state.fragments)]
@@ -382,7 +430,7 @@ class OpenAICompatibleBackend:
             except (UpstreamError, TimeoutError):
                 pass
 
-    def completion_events(self, body: Any, request: ChatRequest) -> list[Event]:
+    def completion_events(self, body: Any, request: ChatRequest, asked: int | None) -> list[Event]:
         """A whole chat.completion as events: per choice its text, tool calls and finish; then usage.
 
         Without upstream usage, completion tokens are estimated (logprob entries, else words).
@@ -395,8 +443,10 @@ class OpenAICompatibleBackend:
             if served is not None:
                 events.append(served)
             fragments = 0
+            given: set[int] = set()
             for choice in body["choices"]:
-                index = choice_index(choice, request.n)
+                index = choice_index(choice, asked or self.capabilities.max_n)
+                given.add(index)
                 message = choice.get("message") or {}
                 text = content_text(message.get("content"))
                 logprobs = token_logprobs(choice.get("logprobs"))
@@ -423,6 +473,7 @@ class OpenAICompatibleBackend:
             usage = read_usage(body.get("usage"))
         except (KeyError, TypeError, AttributeError, ValueError) as exc:
             raise malformed(exc) from None
+        self.check_choices(len(given), asked)
         if usage is None:
             self.warn_no_usage()
             usage = Usage(request.prompt_tokens, fragments)
@@ -437,6 +488,30 @@ class OpenAICompatibleBackend:
                 "prompt tokens as counted at admission (the deployment's tokenizer, else estimated)",
                 self.shown_url,
             )
+
+    def check_choices(self, given: int, asked: int | None) -> None:
+        """Refuse an answer with fewer choices than asked for: never padded with invented ones."""
+        if given == 0:
+            raise BadGateway("The upstream model server answered no choice.")
+        if asked is None or given >= asked:
+            return
+        if not self._warned_fewer_choices:
+            self._warned_fewer_choices = True
+            log.warning(
+                "upstream %s answered %d of %d choices: it ignores n; set the deployment's "
+                "options.n to fan-out (or refuse)",
+                self.shown_url,
+                given,
+                asked,
+            )
+        raise UnprocessableContent(
+            f"The upstream model server answered {given} of the {asked} choices asked for: it "
+            "does not honour n (parameter 'n').",
+            param="n",
+            loc=["body", "n"],
+            value=asked,
+            code="UnsupportedParameter",
+        )
 
     # ----- errors -------------------------------------------------------------------------
 
@@ -635,6 +710,27 @@ def malformed(exc: Exception) -> BadGateway:
 
 def snippet(raw: bytes, limit: int = 200) -> str:
     return raw[:limit].decode("utf-8", "replace")
+
+
+def choices_asked(request: ChatRequest) -> int | None:
+    """How many choices the upstream is asked for: the request's `n`, or one an extra parameter
+    passes through (Azure's document has no `n`); None when that is not a count."""
+    if "n" not in request.extra:
+        return request.n
+    n = request.extra["n"]
+    return n if type(n) is int and n >= 1 else None
+
+
+async def refused_n(asked: int) -> EventStream:
+    """A deployment with `options.n: refuse` asked for several choices: 422 naming n."""
+    raise UnprocessableContent(
+        f"The model returns one choice per request; {asked} were asked for (parameter 'n').",
+        param="n",
+        loc=["body", "n"],
+        value=asked,
+        code="UnsupportedParameter",
+    )
+    yield  # an async generator, so the refusal comes with its first event, as every failure does
 
 
 def choice_index(choice: Mapping[str, Any], n: int) -> int:

@@ -4,6 +4,7 @@ options take these fields (`NetworkOptions`), so a deployment says them the same
 its backend; `proxy_for` and `ssl_context` turn them into what a client library takes, once, at
 start. The certificate files are read then, when the backend is built: a missing or bad one stops
 the gateway naming it, and `chatgate config check` passes where the secrets are not mounted.
+`ChoiceOptions` says how a deployment gets n choices from an upstream that may ignore `n`.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import ssl
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field, field_validator, model_validator
@@ -134,3 +135,19 @@ def bypassed(host: str, port: int | None, no_proxy: str) -> bool:
         if host == name or host.endswith("." + name):
             return True
     return False
+
+
+ChoicesMode = Literal["native", "fan-out", "refuse"]
+
+
+class ChoiceOptions(BaseModel):
+    """How a deployment gets a request's `n` choices from an upstream that answers one request."""
+
+    n: ChoicesMode = Field(
+        default="native",
+        description='"native": the upstream is asked for n choices in one request, and an answer '
+        "with fewer is refused (422 naming n), never padded; "
+        '"fan-out": n requests of one choice each, run at once and joined (seeds seed, seed+1 …; '
+        "usage summed), for an upstream that ignores n (transformers serve, llama.cpp); "
+        '"refuse": a request for more than one choice gets 422 naming n, before the upstream is asked.',
+    )

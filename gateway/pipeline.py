@@ -112,9 +112,7 @@ class ChatPipeline:
             request=request,
         )
         if not request.stream:
-            completion = await unless_client_leaves(
-                gather(events, request.n, self.max_response_bytes), call.receive
-            )
+            completion = await unless_client_leaves(gather(events, self.max_response_bytes), call.receive)
             response = Response(orjson.dumps(translator.completion(answer, completion)), media_type=JSON)
             response.raw_headers += admission.headers
             return response

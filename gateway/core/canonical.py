@@ -259,10 +259,10 @@ def mark_last_text(events: list[Event]) -> list[Event]:
     return events
 
 
-async def gather(items: AsyncIterator[Item], n: int, max_bytes: int | None = None) -> Completion:
+async def gather(items: AsyncIterator[Item], max_bytes: int | None = None) -> Completion:
     """Fold a backend's event stream into a whole completion, refusing to hold more than
     about `max_bytes` of it."""
-    folded = Folded(n)
+    folded = Folded()
     size = 0
     async for item in items:
         for event in each(item):
@@ -275,35 +275,43 @@ async def gather(items: AsyncIterator[Item], n: int, max_bytes: int | None = Non
 
 
 class Folded:
-    """A completion being gathered, event by event."""
+    """A completion being gathered, event by event: a choice for each index the events name,
+    none other (a choice nothing was said of is not invented)."""
 
     __slots__ = ("choices", "refusals", "served", "texts", "usage")
 
-    def __init__(self, n: int) -> None:
-        self.choices = [Choice(index=i) for i in range(n)]
-        self.texts: list[list[str]] = [[] for _ in range(n)]
-        self.refusals: list[list[str] | None] = [None] * n
+    def __init__(self) -> None:
+        self.choices: dict[int, Choice] = {}
+        self.texts: dict[int, list[str]] = {}
+        self.refusals: dict[int, list[str]] = {}
         self.usage = Usage(0, 0)
         self.served = ServedBy()
 
+    def choice(self, index: int) -> Choice:
+        choice = self.choices.get(index)
+        if choice is None:
+            choice = self.choices[index] = Choice(index=index)
+            self.texts[index] = []
+        return choice
+
     def add(self, event: Event) -> None:
-        choices = self.choices
         match event:
             case TextDelta(index=i, text=text, logprobs=logprobs):
+                choice = self.choice(i)
                 self.texts[i].append(text)
                 if logprobs is not None:
-                    choice = choices[i]
                     if choice.logprobs is None:
                         choice.logprobs = []
                     choice.logprobs.extend(logprobs)
             case RefusalDelta(index=i, text=text, logprobs=logprobs):
-                self.refusals[i] = [*(self.refusals[i] or ()), text]
+                choice = self.choice(i)
+                self.refusals.setdefault(i, []).append(text)
                 if logprobs is not None:
-                    choices[i].refusal_logprobs = [*(choices[i].refusal_logprobs or ()), *logprobs]
+                    choice.refusal_logprobs = [*(choice.refusal_logprobs or ()), *logprobs]
             case ToolCallDelta(index=i):
-                choices[i].tool_calls.append(event)
+                self.choice(i).tool_calls.append(event)
             case Finish(index=i, reason=reason):
-                choices[i].finish_reason = reason
+                self.choice(i).finish_reason = reason
             case Usage():
                 self.usage = event
             case ServedBy():
@@ -313,10 +321,12 @@ class Folded:
                 )
 
     def completion(self) -> Completion:
-        for choice, parts, refused in zip(self.choices, self.texts, self.refusals, strict=True):
-            choice.text = "".join(parts)
+        choices = [self.choices[index] for index in sorted(self.choices)]
+        for choice in choices:
+            choice.text = "".join(self.texts[choice.index])
+            refused = self.refusals.get(choice.index)
             choice.refusal = None if refused is None else "".join(refused)
-        return Completion(choices=self.choices, usage=self.usage, served=self.served)
+        return Completion(choices=choices, usage=self.usage, served=self.served)
 
 
 def answer_too_large(limit: int) -> BadGateway:

@@ -102,7 +102,8 @@ def check(request: ChatRequest, capabilities: Capabilities, prompt_tokens: int) 
     if ceiling is not None and request.max_tokens is not None and request.max_tokens > ceiling:
         raise unsupported("max_tokens", request.max_tokens, f"The model generates at most {ceiling} tokens")
     if request.n > capabilities.max_n:
-        raise unsupported("n", request.n, f"The model returns at most {capabilities.max_n} choices")
+        most = capabilities.max_n
+        raise unsupported("n", request.n, f"The model returns at most {most} choice{'s' * (most != 1)}")
     if request.top_logprobs > capabilities.max_top_logprobs:
         raise unsupported(
             "top_logprobs",
