@@ -125,12 +125,26 @@ def upstream_with_gateway(name: str, model_dir: Path, workdir: Path) -> Iterator
                 {"name": "no-key", "options": {"base_url": server.base_url, "upstream_model": "mock"}},
             ]
         else:
-            options = {"base_url": server.base_url, "upstream_model": server.model}
+            # what a model server honours is probed, not assumed: features it ignores are 422s
+            options = {"base_url": server.base_url, "upstream_model": server.model, "probe": True}
             deployments = [{"name": DEPLOYMENT, "options": options}]
         config = workdir / "chatgate.yaml"
         config.write_text(yaml.safe_dump(gateway_config(deployments)))
         _, gateway, log = stack.enter_context(started_gateway(workdir, config))
+        if name != "litellm":
+            probed(gateway)
         yield Upstream(name, server, gateway, log)
+
+
+def probed(gateway: str, timeout: float = 120) -> dict[str, Any]:
+    """Wait until the gateway's probes of its deployment are done; what they found."""
+    ends = time.monotonic() + timeout
+    while time.monotonic() < ends:
+        probes = httpx.get(f"{gateway}/ready", timeout=10).json().get("probes", {})
+        if probes.get(DEPLOYMENT, {}).get("state") == "done":
+            return probes[DEPLOYMENT]
+        time.sleep(0.2)
+    raise AssertionError(f"the probes did not finish: {probes}")
 
 
 # one fixture per server, not one module fixture parametrized: pytest groups a parametrized

@@ -156,7 +156,8 @@ def ask(gateway: str, dialect: str, model: str, stream: bool, n: int = 2, **para
         return answer
     with httpx.stream("POST", url, json=body, headers=headers, timeout=TIMEOUT) as response:
         answer = Answer(response.status_code)
-        lines = [line for line in response.iter_lines() if line and not line.startswith(":")]
+        # SSE's data lines (an error comes as `event: error` and its data line), or LMI's JSON lines
+        lines = [line for line in response.iter_lines() if line and not line.startswith((":", "event:"))]
     for line in lines:
         if line == "data: [DONE]":
             continue

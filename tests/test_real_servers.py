@@ -19,6 +19,8 @@ Where chatgate gets these servers wrong today, tests/test_real_servers_findings.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tests.dialect_clients import DIALECTS, Dialect, DialectError
@@ -240,6 +242,9 @@ def test_credentials_litellm_refuses_are_a_502_and_no_key_is_logged(upstream: Up
         upstream.ask(dialect, {"messages": MESSAGES}, model="no-key")
     assert failed.value.status == 502
     assert "api key" not in str(failed.value.body).lower()  # LiteLLM's "No api key passed in."
-    log = upstream.gateway_log_text()
-    assert f"upstream {upstream.server.base_url} refused the gateway's credentials (401)" in log
+    said = f"upstream {upstream.server.base_url} refused the gateway's credentials (401)"
+    ends = time.monotonic() + 10  # the log is written off the event loop: it may lag the answer
+    while said not in (log := upstream.gateway_log_text()) and time.monotonic() < ends:
+        time.sleep(0.1)
+    assert said in log
     assert LITELLM_KEY not in log

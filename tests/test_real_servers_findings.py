@@ -31,6 +31,7 @@ from tests.real_server_fixtures import (  # noqa: F401  (fixtures)
     on,
     transformers_upstream,
 )
+from tests.real_servers import LITELLM_MOCK_TEXT
 
 OPENAI = DIALECTS["openai"]
 HEALTH_FAILURES = 3  # the default `health.failures`: failures in a row that eject a replica
@@ -106,7 +107,7 @@ BAD_REQUESTS = [
 
 @pytest.mark.parametrize(("upstream", "bad"), BAD_REQUESTS, indirect=["upstream"])
 def test_a_bad_request_is_tried_once_and_ejects_no_replica(upstream: Upstream, bad: dict[str, Any]):
-    """The server answers 500 to a request that is the client's own mistake. Today chatgate tries
+    """The server answers 500 to a request that is the client's own mistake. On a4f111b chatgate tries
     it 3 times on the same replica, each a failure against its health, so one such request
     ejects the only replica (`/ready`: degraded), and the client gets 502 "The upstream model
     server failed (500): <the server's text>". Correct: tried once, counted against no replica,
@@ -128,6 +129,40 @@ def test_a_bad_request_is_tried_once_and_ejects_no_replica(upstream: Upstream, b
     assert ready(upstream)["status"] == "ready"
 
 
+# ----- 2. n to a server that ignores it ----------------------------------------------------------
+
+
+@on(*MODEL_SERVERS)
+@pytest.mark.parametrize(
+    "dialect", [DIALECTS[n] for n in ("openai", "aleph_alpha", "lmi")], ids=lambda d: d.name
+)
+def test_n_from_a_server_that_ignores_it_is_never_invented(upstream: Upstream, dialect: Dialect):
+    """Both servers answer `n: 2` with one choice. On a4f111b chatgate adds a second, empty one
+    (`{"index": 1, "message": {"content": ""}, "finish_reason": "stop"}`) and answers 200.
+    Correct: a 422 naming n, or two real choices (two upstream requests joined). (OVMS's n needs
+    best_of, which transformers serve refuses as a field it does not know.)"""
+    whole = direct_text(upstream.direct(GREEDY))
+    try:
+        answer = upstream.ask(dialect, {**GREEDY, "n": 2})
+    except DialectError as refused:
+        assert refused.status == 422 and names("n", refused.body), refused.body
+        return
+    assert [choice.text for choice in answer.choices] == [whole, whole]
+
+
+# ----- 3. Azure's n, passed through to an upstream that honours it --------------------------------
+
+
+@on("litellm")
+def test_azure_n_passed_through_gets_every_choice(upstream: Upstream):
+    """Azure's document has no n; with `extra-parameters: pass-through` it goes to LiteLLM, whose
+    mock answers 2 choices. On a4f111b: 502 "The upstream model server sent an unexpected response
+    (ValueError: choice index 1 outside 0..0)". Correct: both choices."""
+    headers = {"extra-parameters": "pass-through"}
+    answer = upstream.ask(DIALECTS["azure"], {"messages": MESSAGES, "n": 2}, headers=headers)
+    assert [choice.text for choice in answer.choices] == [LITELLM_MOCK_TEXT] * 2
+
+
 # ----- 4. a stream that fails before its first token ---------------------------------------------
 
 
@@ -139,7 +174,7 @@ def test_a_stream_that_fails_before_its_first_token_gets_an_error_status(
     upstream: Upstream, dialect: Dialect
 ):
     """transformers serve answers a streamed request with logit_bias 200, a role chunk, then
-    `data: {"error": "`sequence_bias` has to be a dict with floats as values, …"}`. Today chatgate
+    `data: {"error": "`sequence_bias` has to be a dict with floats as values, …"}`. On a4f111b chatgate
     answers 200 and one error event. Correct: nothing was generated, so a real error status in
     the dialect's shape. (OVMS's document refuses logit_bias before any backend.)"""
     body = {"model": DEPLOYMENT, **GREEDY, **LOGIT_BIAS, "stream": True}
@@ -160,7 +195,7 @@ def test_a_stream_that_fails_before_its_first_token_gets_an_error_status(
 @dialects(having="has_json_mode")
 def test_an_upstreams_traceback_never_reaches_the_client(upstream: Upstream, dialect: Dialect):
     """llama.cpp answers a json_schema response_format 500 with pydantic's errors and
-    `File "…/site-packages/llama_cpp/server/app.py", line 376`. Today chatgate's 502 says
+    `File "…/site-packages/llama_cpp/server/app.py", line 376`. On a4f111b chatgate's 502 says
     "The upstream model server failed (500): 1 validation error: … File "/root/.cache/…/app.py",
     line 376 …". Correct: the gateway's own words."""
     said = server_error(upstream, {**GREEDY, **JSON_SCHEMA})
@@ -189,7 +224,7 @@ def test_an_upstreams_own_error_text_never_reaches_the_client(upstream: Upstream
 @on("llama.cpp")
 @dialects()
 def test_a_clients_request_id_is_not_forced_on_the_upstream(upstream: Upstream, dialect: Dialect):
-    """llama.cpp refuses an x-request-id that is not a UUID (400, empty body). Today chatgate
+    """llama.cpp refuses an x-request-id that is not a UUID (400, empty body). On a4f111b chatgate
     forwards the client's, so `x-request-id: client-trace-0042` gets 400 "(empty response)".
     Correct: the server's answer, and the client's id on it."""
     headers = {"x-request-id": "client-trace-0042"}
@@ -226,13 +261,30 @@ IGNORED_FEATURES = {
 }
 
 
+@on("transformers")
+@pytest.mark.parametrize("feature", IGNORED_FEATURES)
+def test_a_feature_the_server_ignores_is_refused_not_dropped(upstream: Upstream, feature: str):
+    """transformers serve logs "Ignoring unsupported fields in the request" for logprobs, tools,
+    tool_choice and response_format, and answers plain text. On a4f111b chatgate answers 200 with that
+    text (no logprobs, no tool call, no JSON). Correct: a 422 naming the parameter, or the
+    feature honoured. (n: test 2.)"""
+    params, honoured = IGNORED_FEATURES[feature]
+    try:
+        answer = upstream.ask(OPENAI, {**GREEDY, **params})
+    except DialectError as refused:
+        assert refused.status == 422 and names(feature, refused.body), refused.body
+        return
+    (choice,) = answer.choices
+    assert honoured(choice), f"200 without {feature}: {choice}"
+
+
 # ----- 9. a stream from a server that sends no usage ---------------------------------------------
 
 
 @on("llama.cpp")
 @dialects(having="stream_usage")
 def test_a_stream_without_upstream_usage_still_counts_the_prompt(upstream: Upstream, dialect: Dialect):
-    """llama.cpp ignores `stream_options.include_usage`. Today chatgate's usage chunk says
+    """llama.cpp ignores `stream_options.include_usage`. On a4f111b chatgate's usage chunk says
     `"prompt_tokens": 0` (and counts completion tokens from non-empty chunks). Correct: the
     prompt counted (estimated, or by a tokenizer)."""
     answer = upstream.ask(dialect, GREEDY, stream=True)
@@ -248,7 +300,7 @@ def test_a_tool_call_the_server_also_gives_as_function_call_comes_back_once(
     upstream: Upstream, dialect: Dialect
 ):
     """llama.cpp's answer to a forced tool call carries it twice: in `tool_calls` and in the
-    legacy `function_call`. Today chatgate's answer (not streamed) has two tool calls, the second
+    legacy `function_call`. On a4f111b chatgate's answer (not streamed) has two tool calls, the second
     with an id of its own making. Correct: one, the server's."""
     params = {**GREEDY, "max_tokens": 12, "tools": [TOOL], "tool_choice": FORCED_TOOL}
     (call,) = upstream.direct(params)["choices"][0]["message"]["tool_calls"]
