@@ -28,6 +28,7 @@ from gateway.core.trace import Trace
 from gateway.dialects.dialect import Dialect
 from gateway.dialects.shape import JSON, Answer, OpenAIShaped, StreamState
 from gateway.disconnect import unless_client_leaves
+from gateway.record import RequestRecord
 from gateway.runtime import Admission, Runtime
 from gateway.streaming import EventStreamResponse
 
@@ -97,7 +98,7 @@ class ChatPipeline:
         framing = translator.framing
         keepalive = admission.deployment.config.timeouts.keepalive if framing.keepalive else None
         try:
-            await unless_client_leaves(asyncio.wait({first}, timeout=keepalive), call.receive)
+            await unless_client_leaves(until_started(first, keepalive, call.record), call.receive)
         except ClientGone:
             first.cancel()
             with contextlib.suppress(BaseException):
@@ -189,3 +190,11 @@ class ChatPipeline:
             await events.aclose()
         if translator.framing.done is not None:
             yield translator.framing.done
+
+
+async def until_started(first: asyncio.Future, keepalive: float | None, record: RequestRecord) -> None:
+    """Until the first event, or `keepalive` seconds after a replica took the request: a request
+    waiting in a queue for one has no status yet (its 503 must come before any byte of a 200)."""
+    await asyncio.wait({first}, timeout=keepalive)
+    while record.queued and not first.done():
+        await asyncio.wait({first}, timeout=keepalive)
