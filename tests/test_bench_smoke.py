@@ -171,8 +171,9 @@ def test_concurrency_point_measured(smoke):
     direct, through = point["direct"], point["chatgate"]
     for found in (direct, through):
         assert found["ok"] == 50 and found["errors"] == 0, found
-        assert found["chunks"] == 50 * (entry["chunks_per_stream"]), found  # every data event
         assert 0 < found["gap_p50_ms"] <= found["gap_p99_ms"]
+    assert direct["chunks"] == 50 * entry["chunks_per_stream"]  # every data event
+    assert through["chunks"] == 50 * (entry["chunks_per_stream"] - 1)  # no usage chunk: not asked for
     assert through["cpu_us_per_chunk"] > 0 and through["rss_after_mb"] > 0
     assert through["rss_peak_mb"] >= through["rss_before_mb"] > 0
     assert "Concurrency (slow streams open at once" in stdout
