@@ -194,7 +194,13 @@ class Options(NetworkOptions, ChoiceOptions, ProbeOptions):
         "by `total`: the upstream sends nothing before it is done).",
     )
     total: float = Field(default=600.0, gt=0, description="Seconds for the whole answer.")
-    max_connections: int = Field(default=100, ge=1, description="Connections open at once (the pool).")
+    max_connections: int | None = Field(
+        default=None,
+        ge=1,
+        description="Connections open at once (the pool); none: as many as the replica admits "
+        "(the deployment's `concurrency.max_concurrent`). Set lower, it lowers that limit instead, "
+        "so no admitted request waits for a connection.",
+    )
     keepalive_seconds: float = Field(
         default=KEEPALIVE_SECONDS,
         ge=0,

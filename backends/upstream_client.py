@@ -62,7 +62,7 @@ class TooLarge(UpstreamError):
 @dataclass(frozen=True, slots=True)
 class Limits:
     connect: float  # seconds for a connection: from the pool, or TCP + proxy + TLS
-    max_connections: int
+    max_connections: int | None  # None: no cap (the gateway's admission limit bounds it)
     keepalive_seconds: float  # an idle connection's life; 0: closed after each answer
     max_header_bytes: int
     max_response_bytes: int
@@ -174,7 +174,7 @@ class UpstreamClient:
         limits = self.limits
         keep = limits.keepalive_seconds > 0 and not fresh
         connector = aiohttp.TCPConnector(
-            limit=limits.max_connections,
+            limit=limits.max_connections or 0,  # aiohttp: 0 is no cap
             limit_per_host=0,
             force_close=not keep,
             keepalive_timeout=limits.keepalive_seconds if keep else None,
@@ -222,7 +222,8 @@ class UpstreamClient:
                 # it answered nothing, so the request goes again, once, on a new connection
                 response = await self.send(self.session(fresh=True), url, body, headers)
         except BaseException as error:
-            busy = self.in_flight > self.limits.max_connections
+            cap = self.limits.max_connections
+            busy = cap is not None and self.in_flight > cap
             self.in_flight -= 1
             if isinstance(error, aiohttp.ConnectionTimeoutError):
                 if busy:

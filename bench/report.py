@@ -302,7 +302,7 @@ def format_value(value: float | None, unit: str) -> str:
 
 
 def render(results: Results) -> str:
-    sections = (render_http, render_capped, render_streams, render_memory, render_ratios)
+    sections = (render_http, render_capped, render_streams, render_memory, render_concurrency, render_ratios)
     return "\n".join(line for section in sections for line in section(results))
 
 
@@ -463,6 +463,38 @@ def render_memory(results: Results) -> list[str]:
     ]
     if memory["requests"] < memory["target_requests"]:
         lines.append(f"    (short of the {memory['target_requests']:,} aimed at: the time cap came first)")
+    return lines
+
+
+def render_concurrency(results: Results) -> list[str]:
+    entry = results.get("concurrency")
+    if not entry:
+        return []
+    if entry.get("error"):
+        return ["", f"Concurrency: error: {entry['error']}"]
+    lines = [
+        "",
+        f"Concurrency (slow streams open at once, {entry['chunks_per_stream']} chunks {entry['gap_ms']} ms "
+        f"apart, one worker; deployment {orjson.dumps(entry['settings']).decode()}):",
+        f"{'streams':>9}{'errors':>8}{'most open':>11}{'cpu µs/chunk':>14}{'RSS KB/stream':>15}"
+        f"{'RSS before→peak→after MB':>27}{'gap p99 direct':>16}{'added p99':>11}",
+    ]
+    for count, point in entry["points"].items():
+        direct = point["direct"]
+        found = point.get("chatgate")
+        if found is None:
+            lines.append(f"{int(count):>9,}  error: {point.get('error')}")
+            continue
+        kinds = ", ".join(f"{n} {kind}" for kind, n in found["error_kinds"].items())
+        lines.append(
+            f"{int(count):>9,}{found['errors']:>8,}{found['peak_open']:>11,}"
+            f"{format_value(found['cpu_us_per_chunk'], ' µs'):>14}"
+            f"{format_value(found['rss_kb_per_open_stream'], ' KB'):>15}"
+            f"{found['rss_before_mb']:>9.0f} →{found['rss_peak_mb']:>6.0f} →{found['rss_after_mb']:>6.0f}"
+            f"{direct['gap_p99_ms']:>13.1f} ms"
+            + (f"{added:>+8.1f} ms" if (added := found["added_gap_p99_ms"]) is not None else "   (n/a)")
+            + (f"   ({kinds})" if kinds else "")
+        )
     return lines
 
 

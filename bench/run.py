@@ -15,6 +15,11 @@ Contenders (each a separate process, all started at once and idle when not measu
   LiteLLM proxy        only with --with-litellm: LiteLLM 1.80.0 in a venv of its own (made on
                        first use), one model on the same nginx upstream
 
+Last, the concurrency point (bench/concurrency.py): 1,000, 4,000 and 8,000 slow streams open at
+once (64 chunks 20 ms apart, bench/slow_upstream.py) through one worker, each count on a fresh
+chatgate: errors, CPU per chunk, RSS per open stream, RSS after, the added p99 gap between
+chunks. `--only-concurrency` runs just that point (it needs neither nginx nor wrk).
+
 The points are measured in rounds, each round taking the contenders in a rotated order, and
 each figure is the median over the rounds: a shared machine's speed drifts by tens of percent
 within minutes, and interleaving lets the drift fall on every contender alike, so the ratios
@@ -51,7 +56,7 @@ import httpx
 import orjson
 import yaml
 
-from bench import litellm_proxy, load, report
+from bench import concurrency, litellm_proxy, load, report
 from bench.processes import (
     START_TIMEOUT,
     Server,
@@ -88,15 +93,29 @@ class Profile:
     memory_cap_seconds: float  # sending the memory run's requests stops here whatever the count
     capped_seconds: float  # per capped-rate point and round
     contenders: tuple[str, ...]
+    concurrent_streams: tuple[int, ...] = concurrency.STREAMS  # the concurrency point's counts
 
 
 PROFILES = {
     "full": Profile("full", 4, 5, 2, 300, 10, 100_000, 300, 4, ALL_CONTENDERS),
     "quick": Profile("quick", 1, 5, 1, 150, 3, 20_000, 120, 2, ALL_CONTENDERS),
     "smoke": Profile(
-        "smoke", 1, 1, 1, 20, 1, 500, 10, 1, ("direct", "floor", "upstream", "echo", "workers2")
+        "smoke",
+        1,
+        1,
+        1,
+        20,
+        1,
+        500,
+        10,
+        1,
+        ("direct", "floor", "upstream", "echo", "workers2"),
+        concurrency.SMOKE_STREAMS,
     ),
 }
+# The concurrency point's deployment: one replica that takes every stream at once (the slow
+# upstream is no engine with a batch size); --concurrency-settings replaces it.
+CONCURRENCY_SETTINGS: dict[str, Any] = {"concurrency": {"max_concurrent": 20_000}}
 TOOLS = {
     "nginx": "apt-get install nginx",
     "wrk": "apt-get install wrk",
@@ -172,8 +191,14 @@ class Bench:
         cores: Cores,
         stack: contextlib.ExitStack,
         with_litellm: bool = False,
+        chatgate_root: Path = ROOT,
+        concurrency_settings: dict[str, Any] | None = None,
     ) -> None:
         self.profile = profile
+        self.chatgate_root = chatgate_root  # the checkout the concurrency point's chatgate runs
+        self.concurrency_settings = (
+            CONCURRENCY_SETTINGS if concurrency_settings is None else concurrency_settings
+        )
         self.tmp = tmp
         self.cores = cores
         self.stack = stack
@@ -220,7 +245,9 @@ class Bench:
         conf = write_nginx_files(self.tmp, port)
         return self.start(name, pinned(cores, nginx_command(self.tmp, conf)), port, accepts_connections(port))
 
-    def start_chatgate(self, name: str, config: dict[str, Any], workers: int = 1, **env: str) -> Server:
+    def start_chatgate(
+        self, name: str, config: dict[str, Any], workers: int = 1, root: Path = ROOT, **env: str
+    ) -> Server:
         port = free_port()
         path = self.tmp / f"chatgate-{port}.yaml"
         path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -231,7 +258,10 @@ class Bench:
         if workers != 1:
             command += ["--workers", str(workers)]
         cores = self.cores.server if workers == 1 else self.cores.both
-        return self.start(name, pinned(cores, command), port, answers_health(port), **env)
+        if root == ROOT:
+            return self.start(name, pinned(cores, command), port, answers_health(port), **env)
+        environment = {**os.environ, "PYTHONPATH": str(root), **env}
+        return self.start_in(name, pinned(cores, command), port, answers_health(port), environment, root)
 
     def chatgate_config(self, backend: str, policy_key_sha256: str | None = None) -> dict[str, Any]:
         def deployment(name: str, path: str) -> dict[str, Any]:
@@ -431,6 +461,95 @@ class Bench:
             f"after {counted:,} requests {memory['after_mb']:.1f} MB"
         )
 
+    def concurrency_point(self) -> None:
+        """The slow streams at each count: straight from the slow upstream, then through a
+        fresh chatgate (so its RSS before is that of an idle worker)."""
+        counts = self.profile.concurrent_streams
+        concurrency.raise_open_files(2 * max(counts) + 1024)
+        port = free_port()
+        command = [sys.executable, "-m", "bench.slow_upstream", str(port), str(concurrency.GAP_MS)]
+        slow = self.start("slow upstream", pinned(self.cores.load, command), port, accepts_connections(port))
+        entry: dict[str, Any] = {
+            "gap_ms": concurrency.GAP_MS,
+            "chunks_per_stream": STREAM_CHUNKS,
+            "settings": self.concurrency_settings,
+            "chatgate_root": str(self.chatgate_root),
+            "points": {},
+        }
+        self.results["concurrency"] = entry
+        for count in counts:
+            direct = asyncio.run(concurrency.streams_at_once(slow.url + JSON_PATH, self.stream_body, count))
+            self.say(
+                f"concurrency {count:,}, direct: {direct.errors} errors, gap p99 {direct.gap_p99_ms:.1f} ms, "
+                f"client cpu {direct.client_cpu:.0%}"
+            )
+            point: dict[str, Any] = {"direct": direct.as_dict()}
+            entry["points"][str(count)] = point
+            try:
+                point.update(self.concurrency_through_chatgate(slow.url, count, direct))
+            except Exception as error:
+                point["error"] = f"{type(error).__name__}: {error}"
+                self.say(f"concurrency {count:,}: {point['error']}")
+        slow.stop()
+
+    def concurrency_through_chatgate(
+        self, upstream_url: str, count: int, direct: concurrency.StreamsResult
+    ) -> dict[str, Any]:
+        deployment = {
+            "name": STREAM_REQUEST["model"],
+            "backend": "openai-compatible",
+            **self.concurrency_settings,
+        }
+        deployment["options"] = {"base_url": f"{upstream_url}/v1", **deployment.get("options", {})}
+        config = {
+            "server": {"clients": {"max_connections": count + 1000}},
+            "deployments": [deployment],
+        }
+        server = self.start_chatgate(f"chatgate concurrency {count}", config, root=self.chatgate_root)
+        try:
+            self.check_stream(server.url + JSON_PATH, {})
+            before, cpu = server.rss_bytes(), server.cpu_seconds()
+            peak = {"rss": before, "open": 0, "rss_at_most_open": before}
+
+            def sample(open_streams: int) -> None:
+                rss = server.rss_bytes()
+                peak["rss"] = max(peak["rss"], rss)
+                if open_streams >= peak["open"]:  # the memory the most streams open at once held
+                    peak.update(open=open_streams, rss_at_most_open=rss)
+
+            found = asyncio.run(
+                concurrency.streams_at_once(server.url + JSON_PATH, self.stream_body, count, sample)
+            )
+            spent = server.cpu_seconds() - cpu
+            time.sleep(concurrency.SETTLE_SECONDS)
+            after = server.rss_bytes()
+        finally:
+            server.stop()
+        figures = {
+            **found.as_dict(),
+            "cpu_us_per_chunk": spent / found.chunks * 1e6 if found.chunks else None,
+            "rss_before_mb": megabytes(before),
+            "rss_peak_mb": megabytes(peak["rss"]),
+            "most_open_sampled": peak["open"],
+            "rss_kb_per_open_stream": (peak["rss_at_most_open"] - before) / peak["open"] / 1e3
+            if peak["open"]
+            else None,
+            "rss_after_mb": megabytes(after),
+            # against a direct run that kept the pace (else the load core, not chatgate, set it)
+            "added_gap_p99_ms": found.gap_p99_ms - direct.gap_p99_ms
+            if direct.gap_p99_ms <= concurrency.AT_PACE * concurrency.GAP_MS
+            else None,
+        }
+        self.say(
+            f"concurrency {count:,}, chatgate: {found.errors} errors {found.error_kinds or ''}, "
+            f"{figures['cpu_us_per_chunk'] or 0:.1f} µs cpu/chunk, RSS {figures['rss_before_mb']:.0f} → "
+            f"{figures['rss_peak_mb']:.0f} MB ({peak['open']:,} open at most) → "
+            f"{figures['rss_after_mb']:.0f} MB after, "
+            f"gap p99 {found.gap_p99_ms:.1f} ms (direct {direct.gap_p99_ms:.1f}), "
+            f"client cpu {found.client_cpu:.0%}"
+        )
+        return {"chatgate": figures}
+
     # ----- contenders -----------------------------------------------------------------------
 
     def launch_direct(self) -> Contender:
@@ -520,7 +639,10 @@ class Bench:
         self.say(f"{report.CONTENDERS[key]}: up")
         return contender
 
-    def run(self) -> dict[str, Any]:
+    def run(self, only_concurrency: bool = False) -> dict[str, Any]:
+        if only_concurrency:
+            self.concurrency_point()
+            return self.results
         self.upstream = self.start_nginx("nginx upstream", self.cores.load)
         check = httpx.post(self.upstream.url + JSON_PATH, content=self.body)
         if check.status_code != 200:
@@ -563,6 +685,12 @@ class Bench:
         except Exception as error:
             self.results["memory"]["error"] = f"{type(error).__name__}: {error}"
             self.say(f"memory: {error}")
+        upstream.server.stop()
+        try:
+            self.concurrency_point()
+        except Exception as error:
+            self.results["concurrency"] = {"error": f"{type(error).__name__}: {error}"}
+            self.say(f"concurrency: {error}")
         return self.results
 
 
@@ -650,6 +778,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--strict", action="store_true", help="exit 1 when a goal FAILs or its measurement is an ERROR"
     )
+    parser.add_argument(
+        "--only-concurrency", action="store_true", help="only the concurrency point (no nginx, wrk)"
+    )
+    parser.add_argument(
+        "--concurrent-streams", type=lambda text: tuple(int(n) for n in text.split(",")),
+        metavar="N,N,...", help="the concurrency point's stream counts (overrides the mode)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--concurrency-settings", type=orjson.loads, metavar="JSON",
+        help="the concurrency point's deployment settings (default: "
+        f"{orjson.dumps(CONCURRENCY_SETTINGS).decode()}), e.g. '{{}}' for chatgate's defaults",
+    )  # fmt: skip
+    parser.add_argument(
+        "--chatgate-root", type=Path, default=ROOT, metavar="DIR",
+        help="the concurrency point runs the chatgate of this checkout (an older one, to compare)",
+    )  # fmt: skip
     return parser.parse_args(argv)
 
 
@@ -676,7 +820,9 @@ def main(argv: list[str] | None = None) -> int:
         profile = replace(profile, seconds=args.seconds)
     if args.memory_requests is not None:
         profile = replace(profile, memory_requests=args.memory_requests)
-    missing = missing_requirements(chart=not args.no_chart)
+    if args.concurrent_streams:
+        profile = replace(profile, concurrent_streams=args.concurrent_streams)
+    missing = [] if args.only_concurrency else missing_requirements(chart=not args.no_chart)
     if missing:
         print("python -m bench needs, and does not install:\n  " + "\n  ".join(missing), file=sys.stderr)
         return 2
@@ -690,8 +836,11 @@ def main(argv: list[str] | None = None) -> int:
         os.sched_setaffinity(0, {int(cores.load)})  # this process runs the stream clients
     started = datetime.datetime.now(datetime.UTC)
     with tempfile.TemporaryDirectory(prefix="chatgate-bench-") as tmp, contextlib.ExitStack() as stack:
-        bench = Bench(profile, Path(tmp), cores, stack, with_litellm=args.with_litellm)
-        results = bench.run()
+        bench = Bench(
+            profile, Path(tmp), cores, stack, args.with_litellm,
+            args.chatgate_root.resolve(), args.concurrency_settings,
+        )  # fmt: skip
+        results = bench.run(args.only_concurrency)
         elapsed = time.monotonic() - bench.started
     results = {
         "meta": {
@@ -719,7 +868,7 @@ def main(argv: list[str] | None = None) -> int:
     print(report.render(results))
     report.write_json(results, args.out / "latest.json")
     written = [str(args.out / "latest.json")]
-    if not args.no_chart:
+    if not args.no_chart and not args.only_concurrency:  # the chart draws the other points
         report.draw_chart(results, args.out / "latest.png")
         written.append(str(args.out / "latest.png"))
     print("written: " + ", ".join(written))

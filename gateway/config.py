@@ -93,6 +93,26 @@ class Replica(Strict):
     name: str | None = None
     weight: float = Field(default=1.0, gt=0)
     options: dict[str, Any] = Field(default_factory=dict)
+    max_concurrent: int | None = Field(
+        default=None, ge=1, description="this replica's own `concurrency.max_concurrent`"
+    )
+
+
+class Concurrency(Strict):
+    """How many requests a replica takes at once, and how the rest wait (per worker: with N
+    workers a replica may get N times as many). A request no replica has room for waits in the
+    deployment's queue, first come first served, for the first replica to free a slot; when the
+    queue is full, or the wait outlasts `queue_timeout`, it gets a 503 with Retry-After before
+    any byte of an answer (a streamed request gets no keep-alive while it waits)."""
+
+    max_concurrent: int = Field(
+        default=256,
+        ge=1,
+        description="requests a replica serves at once (vLLM runs 256 sequences at once, TGI 128 "
+        "requests); a lower `max_connections` in its options lowers it to that",
+    )
+    queue: int = Field(default=2048, ge=0, description="requests that may wait for a replica; more: 503")
+    queue_timeout: float = Field(default=30.0, gt=0, description="seconds a request may wait; then 503")
 
 
 class Timeouts(Strict):
@@ -163,6 +183,7 @@ class Deployment(Strict):
     timeouts: Timeouts = Timeouts()
     retries: Retries = Retries()
     health: Health = Health()
+    concurrency: Concurrency = Concurrency()
 
     @field_validator("backend")
     @classmethod
@@ -178,6 +199,11 @@ class Deployment(Strict):
             (r.name or f"{self.name}-{i}", r.weight, {**self.options, **r.options})
             for i, r in enumerate(replicas)
         ]
+
+    def max_concurrent(self) -> list[int]:
+        """Each replica's admission limit, in the order of `replica_options`."""
+        default = self.concurrency.max_concurrent
+        return [r.max_concurrent or default for r in self.replicas or [Replica()]]
 
     @property
     def served_model(self) -> str:

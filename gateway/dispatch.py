@@ -34,6 +34,7 @@ from gateway.metrics import Metrics
 from gateway.record import RequestRecord
 from gateway.router import LiveDeployment, Replica
 from gateway.tracing import Tracing
+from gateway.wait_queue import QueueFull
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
@@ -181,11 +182,21 @@ class Dispatcher:
         busy_until: dict[str, float] = {}
         last_error: GatewayError | None = None
         chain = deployment.chain()
+        queued_until: float | None = None  # on the loop's clock: the end of its wait for room
         for live in chain:
             while attempts < config.retries.attempts:
-                replica = self.choose(live, tried, never_again, last_resort=live is chain[-1])
+                # a new request does not pass those already waiting
+                behind = queued_until is None and len(live.queue) > 0
+                replica = None if behind else self.choose(live, tried, never_again, live is chain[-1])
                 if replica is None:
-                    break
+                    if not behind and not live.full(never_again):
+                        break
+                    if queued_until is None:
+                        queued_until = asyncio.get_running_loop().time() + live.queue.timeout
+                        await self.wait_for_room(live, record, queued_until)
+                    else:  # woken, and the room went to another (or is on a replica it left)
+                        await self.wait_for_room(live, record, queued_until, again=True)
+                    continue
                 if replica.name in busy_until:  # it said when to come back; wait if we can
                     wait = busy_until.pop(replica.name) - time.monotonic()
                     if wait > 0:
@@ -252,6 +263,38 @@ class Dispatcher:
             code="NoHealthyReplica",
             headers={"Retry-After": str(max(1, int(deployment.config.health.cooldown)))},
         )
+
+    async def wait_for_room(
+        self, live: LiveDeployment, record: RequestRecord, until: float, again: bool = False
+    ) -> None:
+        """Wait in the deployment's queue until a replica frees a slot; a 503 with Retry-After
+        when the queue is full or the wait reaches `until`. `again`: woken before (and the slot
+        taken by another, or on a replica this request may not go back to), it waits at the head.
+
+        503, not 429: the deployment is busy, not this client over its own limits; clients and
+        proxies retry a 503 with Retry-After elsewhere or later, as they do a busy upstream's."""
+        queue = live.queue
+        record.queued = True
+        self.metrics.waiting(live.name, +1)
+        try:
+            await queue.wait(until, first=again)
+        except QueueFull:
+            raise ServiceUnavailable(
+                f"Every replica of '{live.name}' is busy and {len(queue)} requests wait already; "
+                "try again later.",
+                code="QueueFull",
+                headers={"Retry-After": str(live.drain_seconds())},
+            ) from None
+        except TimeoutError:
+            raise ServiceUnavailable(
+                f"No replica of '{live.name}' had room for the request within "
+                f"{queue.timeout:g} s; try again later.",
+                code="QueueTimeout",
+                headers={"Retry-After": str(live.drain_seconds())},
+            ) from None
+        finally:
+            record.queued = False
+            self.metrics.waiting(live.name, -1)
 
     def choose(
         self, live: LiveDeployment, tried: set[str], never_again: set[str], last_resort: bool

@@ -88,6 +88,11 @@ class Metrics:
             "chatgate_requests_in_flight", "Chat API requests being answered now.",
             registry=registry, multiprocess_mode="livesum",
         )  # fmt: skip
+        self.queued = Gauge(
+            "chatgate_requests_queued",
+            "Requests waiting for a replica of the deployment with room (concurrency.max_concurrent).",
+            ["deployment"], registry=registry, multiprocess_mode="livesum",
+        )  # fmt: skip
         self.healthy = Gauge(
             "chatgate_replica_healthy", "1 when the replica is healthy, 0 while it is ejected.",
             ["deployment", "replica"], registry=registry, multiprocess_mode="livemin",
@@ -139,6 +144,10 @@ class Metrics:
 
     def retry(self, deployment: str) -> None:
         self.child(self.retries, deployment).inc()
+
+    def waiting(self, deployment: str, change: int) -> None:
+        """One more (+1) or one fewer (-1) request waiting for a replica with room."""
+        self.child(self.queued, deployment).inc(change)
 
     def replica_health(self, deployment: str, replica: Replica) -> None:
         """Set the gauge when the replica's health differs from what it last showed."""

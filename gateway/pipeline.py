@@ -37,6 +37,7 @@ from gateway.core.trace import Trace
 from gateway.dialects.dialect import Dialect
 from gateway.dialects.shape import JSON, Answer, OpenAIShaped, StreamState
 from gateway.disconnect import unless_client_leaves
+from gateway.record import RequestRecord
 from gateway.runtime import Admission, Runtime
 from gateway.streaming import EventStreamResponse
 
@@ -125,7 +126,7 @@ class ChatPipeline:
         timeouts = admission.deployment.config.timeouts
         hold = timeouts.headers if framing.keepalive else None
         try:
-            await unless_client_leaves(asyncio.wait({first}, timeout=hold), call.receive)
+            await unless_client_leaves(until_started(first, hold, call.record), call.receive)
         except ClientGone:
             first.cancel()
             with contextlib.suppress(BaseException):
@@ -218,3 +219,11 @@ class ChatPipeline:
             await events.aclose()
         if translator.framing.done is not None:
             yield translator.framing.done
+
+
+async def until_started(first: asyncio.Future, hold: float | None, record: RequestRecord) -> None:
+    """Until the first token, or `hold` seconds after a replica took the request: a request
+    waiting in a queue for one has no status yet (its 503 must come before any byte of a 200)."""
+    await asyncio.wait({first}, timeout=hold)
+    while record.queued and not first.done():
+        await asyncio.wait({first}, timeout=hold)

@@ -1,9 +1,11 @@
 """Routing: the request's model name (or Azure's deployment header) → a chain of deployments
 (the one asked for, then its fallbacks); within a deployment, a healthy replica chosen by
-least outstanding requests among two weighted random picks."""
+least outstanding requests among two weighted random picks, among those with room for one more
+(a replica takes `max_concurrent` at once; the rest wait in the deployment's `WaitQueue`)."""
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections.abc import Callable, Mapping
@@ -14,6 +16,7 @@ from gateway.config import ConfigError, Deployment
 from gateway.core.errors import DeploymentNotFound, ModelNotFound
 from gateway.policy.capabilities import effective
 from gateway.policy.limits import Bucket, buckets_for
+from gateway.wait_queue import WaitQueue
 
 WILDCARD = "*"
 
@@ -26,13 +29,18 @@ class Replica:
     `failures_to_eject` failures in a row, each from a different request that another replica
     then answered (a request that fails the same way everywhere is that request's fault, and
     marks nothing), or at once when it cannot be reached or does not answer in time. After the
-    cool-down one request probes it."""
+    cool-down one request probes it.
+
+    It serves `limit` requests at once (`outstanding`); each one that ends wakes the request
+    at the head of `queue`, if one waits."""
 
     name: str
     weight: float
     backend: Backend
     failures_to_eject: int
     cooldown: float
+    limit: int = 1 << 62
+    queue: WaitQueue | None = None
     outstanding: int = 0
     consecutive_failures: int = 0
     ejected_until: float = 0.0
@@ -49,13 +57,22 @@ class Replica:
     def healthy(self) -> bool:
         return self.consecutive_failures < self.failures_to_eject
 
+    @property
+    def has_room(self) -> bool:
+        return self.outstanding < self.limit
+
+    def released(self) -> None:
+        self.outstanding -= 1
+        if self.queue is not None and self.queue.waiters:
+            self.queue.wake()
+
     def started(self) -> None:
         self.outstanding += 1
         if not self.healthy:
             self.probing = True  # this request is the probe
 
     def succeeded(self, seconds: float) -> None:
-        self.outstanding -= 1
+        self.released()
         self.latency = seconds if not self.latency else 0.7 * self.latency + 0.3 * seconds
         self.consecutive_failures = 0
         self.probing = False
@@ -63,7 +80,7 @@ class Replica:
     def finished_without_verdict(self) -> None:
         """The attempt ended with no health signal yet (the client went away, the request was
         refused for its own sake, or its verdict waits on another replica)."""
-        self.outstanding -= 1
+        self.released()
         self.probing = False
 
     def failed(self) -> None:
@@ -89,11 +106,16 @@ class LiveDeployment:
     replicas: list[Replica]
     capabilities: Capabilities = field(init=False)
     buckets: list[Bucket] = field(init=False)
+    queue: WaitQueue = field(init=False)
     fallbacks: list[LiveDeployment] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.capabilities = effective(self.replicas[0].backend.capabilities, self.config.capabilities)
         self.buckets = buckets_for(f"deployment:{self.config.name}", self.config.limits)
+        concurrency = self.config.concurrency
+        self.queue = WaitQueue(concurrency.queue, concurrency.queue_timeout)
+        for replica in self.replicas:
+            replica.queue = self.queue
 
     @property
     def name(self) -> str:
@@ -108,19 +130,31 @@ class LiveDeployment:
         return any(r.healthy for r in self.replicas)
 
     def pick(self, exclude: set[str], rng: random.Random) -> Replica | None:
-        """Power of two choices: two weighted random available replicas; the one with fewer
-        outstanding requests per weight wins, and on a tie the one that has been faster."""
+        """Power of two choices: two weighted random available replicas with room; the one with
+        fewer outstanding requests per weight wins, and on a tie the one that has been faster."""
         now = time.monotonic()
-        candidates = [r for r in self.replicas if r.name not in exclude and r.available(now)]
+        candidates = [r for r in self.replicas if r.name not in exclude and r.has_room and r.available(now)]
         return two_choices(candidates, rng) if candidates else None
 
     def pick_ejected(self, exclude: set[str], never: set[str], rng: random.Random) -> Replica | None:
-        """A replica when none is available (every one ejected), chosen as `pick` chooses, one
-        not tried yet if there is one: panic routing, as Envoy's panic threshold does it.
-        `never`: replicas this request must not go back to."""
-        allowed = [r for r in self.replicas if r.name not in never]
+        """A replica with room when none is available (every one ejected), chosen as `pick`
+        chooses, one not tried yet if there is one: panic routing, as Envoy's panic threshold
+        does it. `never`: replicas this request must not go back to."""
+        allowed = [r for r in self.replicas if r.name not in never and r.has_room]
         fresh = [r for r in allowed if r.name not in exclude]
         return two_choices(fresh or allowed, rng) if allowed else None
+
+    def full(self, never: set[str]) -> bool:
+        """A replica this request may still go to has no room now (so waiting is worth it)."""
+        return any(not r.has_room for r in self.replicas if r.name not in never)
+
+    def drain_seconds(self) -> int:
+        """About how long the requests waiting now take to be served (for Retry-After): each
+        replica's slots free at its average request's pace; at least 1."""
+        pace = sum(r.limit / r.latency for r in self.replicas if r.latency > 0)  # slots a second
+        if not pace:
+            return 1
+        return max(1, math.ceil((len(self.queue) + 1) / pace))
 
     def chain(self) -> list[LiveDeployment]:
         """This deployment, then its fallbacks in preference order."""
@@ -134,6 +168,12 @@ def two_choices(candidates: list[Replica], rng: random.Random) -> Replica:
     others = [r for r in candidates if r is not first]
     second = rng.choices(others, weights=[r.weight for r in others])[0]
     return min((first, second), key=lambda r: ((r.outstanding + 1) / r.weight, r.latency))
+
+
+def pool_size(backend: Backend) -> int | None:
+    """The most connections an HTTP backend opens to its upstream at once (its options'
+    `max_connections`); None: no cap of its own."""
+    return getattr(getattr(backend, "options", None), "max_connections", None)
 
 
 class Router:
@@ -162,7 +202,8 @@ class Router:
     @staticmethod
     def build(config: Deployment) -> LiveDeployment:
         replicas = []
-        for name, weight, options in config.replica_options():
+        limits = config.max_concurrent()
+        for (name, weight, options), limit in zip(config.replica_options(), limits, strict=True):
             try:
                 backend = create_backend(config.backend, config.served_model, options)
             except (ValueError, TypeError, OSError, ImportError) as error:
@@ -170,7 +211,15 @@ class Router:
                     f"deployment {config.name!r}, replica {name!r}: the {config.backend} backend "
                     f"cannot start: {error}"
                 ) from None
-            replicas.append(Replica(name, weight, backend, config.health.failures, config.health.cooldown))
+            # a pool smaller than the limit would make admitted requests wait for a connection
+            # and fail after `connect`: the limit is the pool's size then, and the rest queue here
+            pool = pool_size(backend)
+            replicas.append(
+                Replica(
+                    name, weight, backend, config.health.failures, config.health.cooldown,
+                    limit=min(limit, pool) if pool else limit,
+                )
+            )  # fmt: skip
         return LiveDeployment(config, replicas)
 
     def model_names(self, visible: Callable[[str], bool] = lambda deployment: True) -> list[str]:

@@ -159,3 +159,21 @@ def test_table_and_chart(smoke):
     assert "goals held:" in stdout
     assert (out / "latest.png").read_bytes().startswith(b"\x89PNG")
     assert results["meta"]["mode"] == "smoke"
+
+
+def test_concurrency_point_measured(smoke):
+    """The smoke run's concurrency point: 50 slow streams straight from the slow upstream and
+    through chatgate, every one whole, with each figure the full run reports."""
+    stdout, results, _ = smoke
+    entry = results["concurrency"]
+    assert "error" not in entry, entry
+    point = entry["points"]["50"]
+    direct, through = point["direct"], point["chatgate"]
+    for found in (direct, through):
+        assert found["ok"] == 50 and found["errors"] == 0, found
+        assert 0 < found["gap_p50_ms"] <= found["gap_p99_ms"]
+    assert direct["chunks"] == 50 * entry["chunks_per_stream"]  # every data event
+    assert through["chunks"] == 50 * (entry["chunks_per_stream"] - 1)  # no usage chunk: not asked for
+    assert through["cpu_us_per_chunk"] > 0 and through["rss_after_mb"] > 0
+    assert through["rss_peak_mb"] >= through["rss_before_mb"] > 0
+    assert "Concurrency (slow streams open at once" in stdout
