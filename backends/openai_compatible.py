@@ -234,7 +234,7 @@ def most_choices(options: Options) -> int:
     names n); a fan-out's requests each take a connection, so no more than the pool holds."""
     if options.n == "refuse":
         return 1
-    if options.n == "fan-out":
+    if options.n == "fan-out" and options.max_connections is not None:
         return min(CAPABILITIES.max_n, options.max_connections)
     return CAPABILITIES.max_n
 
