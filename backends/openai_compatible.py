@@ -131,6 +131,8 @@ UPSTREAM_STATUSES = StatusTable(
         422: Answer(UnprocessableContent, names_param=True, points_at_param=True),
         # its words are about the gateway's account with it (quotas, plans), not the client's
         429: Answer(TooManyRequests, BUSY, keeps_retry_after=True),
+        # busy, not broken (vLLM's and another chatgate's full queue): another replica, no mark
+        503: Answer(UpstreamBusy, "{upstream} is busy (HTTP 503); try again later.", keeps_retry_after=True),
         "4xx": Answer(BadRequest, names_param=True),
         # a failing server's own words (tracebacks, paths) stay in the log
         "5xx": Answer(BadGateway, "{upstream} failed on this request (HTTP {status})."),

@@ -624,7 +624,7 @@ STATUS_CASES = [
     ("status-429", 429, "is busy or its limits for the gateway are used up"),  # its words are about us
     # a failing server's words stay in the log: the client gets the gateway's
     ("status-500", 502, "The upstream model server failed on this request (HTTP 500)"),
-    ("status-503", 502, "The upstream model server failed on this request (HTTP 503)"),
+    ("status-503", 503, "The upstream model server is busy (HTTP 503)"),
     ("malformed", 502, "malformed"),
 ]
 

@@ -36,7 +36,7 @@ OPENAI_CASES: list[tuple[int, tuple[int, str, Any, Any, Any]]] = [
         ),
     ),
     (500, (502, "The upstream model server failed on this request (HTTP 500).", None, None, None)),
-    (503, (502, "The upstream model server failed on this request (HTTP 503).", None, None, None)),
+    (503, (503, "The upstream model server is busy (HTTP 503); try again later.", None, None, "7")),
 ]
 TGI_CASES: list[tuple[int, tuple[int, str, Any, Any, Any]]] = [
     (400, (502, "TGI answered HTTP 400: bad", None, None, None)),

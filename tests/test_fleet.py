@@ -77,7 +77,7 @@ def gateway(upstream: FaultUpstream, tmp_path_factory, log_dir: Path) -> Iterato
         deployment("phoenix", [f"http://127.0.0.1:{PHOENIX_PORT}/ok/v1"],
                    health={"failures": 5, "cooldown": 600}, retries={"attempts": 1}),
         # every replica fails the request: its own failure, held against neither
-        deployment("all-fail", [u("status-500"), u("status-503")], health={"failures": 1, "cooldown": 600}),
+        deployment("all-fail", [u("status-500"), u("status-502")], health={"failures": 1, "cooldown": 600}),
     ]  # fmt: skip
     config = tmp_path_factory.mktemp("fleet") / "config.yaml"
     config.write_text(yaml.safe_dump({"deployments": deployments}))
@@ -288,12 +288,12 @@ def test_a_5xx_is_not_tried_again_on_the_replica_that_gave_it(gateway, upstream)
 
 
 def test_a_request_that_fails_on_every_replica_ejects_none(gateway, upstream):
-    before = upstream.counts["status-500"] + upstream.counts["status-503"]
+    before = upstream.counts["status-500"] + upstream.counts["status-502"]
     for _ in range(3):
         response = post(gateway, "openai", "all-fail")
         assert response.status_code == 502
         assert "on 2 replicas; not tried again" in response.json()["error"]["message"]
-    assert upstream.counts["status-500"] + upstream.counts["status-503"] - before == 6  # each once
+    assert upstream.counts["status-500"] + upstream.counts["status-502"] - before == 6  # each once
     values = metrics(gateway)
     assert values['chatgate_replica_healthy{deployment="all-fail",replica="r0"}'] == 1
     assert values['chatgate_replica_healthy{deployment="all-fail",replica="r1"}'] == 1
