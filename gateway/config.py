@@ -322,8 +322,8 @@ class ClientLimits(Strict):
     write_timeout: float = Field(
         default=30.0,
         gt=0,
-        description="seconds a client may take nothing of an answer waiting for it; then the "
-        "connection is cut and what it held freed",
+        description="seconds a client may take nothing of an answer waiting for it; then (within a "
+        "third more) the connection is cut and what it held freed",
     )
     unsent_bytes: int = Field(
         default=64 * 1024,

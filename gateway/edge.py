@@ -48,6 +48,7 @@ log = logging.getLogger("chatgate.edge")
 ErrorRenderer = Callable[[int, str, str], tuple[bytes, bytes]]
 PROBES = frozenset({"/health", "/ready", "/metrics"})  # answered past the connection cap too
 RELEASE_AFTER = 1.0  # seconds from a stalled connection's end to handing memory back
+WRITE_LOOKS = 3  # looks at a stalled connection's progress per write_timeout
 
 
 class Refused(Exception):
@@ -105,7 +106,8 @@ class EdgeProtocol(HttpToolsProtocol):
         self.reading_timer: asyncio.TimerHandle | None = None
         self.reading: tuple[float, float, str] | None = None  # (deadline, seconds, what)
         self.writing_timer: asyncio.TimerHandle | None = None
-        self.write_mark = (0, 0)  # (bytes waiting, resumes) when the write deadline was armed
+        self.write_mark = (0, 0)  # (bytes waiting, resumes) when the client last took some
+        self.write_still = 0  # looks since then that found it had taken nothing
         self.write_resumes = 0  # times the client took enough for the answer to go on
         self.accepted = False
         self.past_cap = False  # taken past `max_connections`: a probe's, or a 503
@@ -357,28 +359,39 @@ class EdgeProtocol(HttpToolsProtocol):
         self.write_resumes += 1
 
     def watch_writing(self) -> None:
-        """The client must take some of what waits for it every `write_timeout` seconds. Armed
-        when writing stalls (or a close waits for the client), not per write; re-armed while it
-        takes some, so a stalled client is cut within one to two `write_timeout`s."""
+        """The client must take some of what waits for it within `write_timeout`. Looked at
+        `WRITE_LOOKS` times a timeout while writing is stalled (or a close waits for the client),
+        never per write: a client that takes nothing is cut within 1 + 1/WRITE_LOOKS timeouts."""
         if self.writing_timer is None:
             self.write_mark = (self.waiting_for_client(), self.write_resumes)
-            self.writing_timer = self.loop.call_later(self.limits.write_timeout, self.check_writing)
+            self.write_still = 0
+            self.look_at_writing_later()
+
+    def look_at_writing_later(self) -> None:
+        period = self.limits.write_timeout / WRITE_LOOKS
+        self.writing_timer = self.loop.call_later(period, self.look_at_writing)
 
     def waiting_for_client(self) -> int:
         """What is written and not yet taken: in the transport, and in the socket."""
         return self.transport.get_write_buffer_size() + unacknowledged(self.transport)
 
-    def check_writing(self) -> None:
+    def look_at_writing(self) -> None:
         self.writing_timer = None
         if not self.transport.get_write_buffer_size():
             return  # the rest is the kernel's: the connection no longer waits for it
         if not (self.flow.write_paused or self.transport.is_closing()):
             return  # little enough that the answer goes on
-        waiting = self.waiting_for_client()
-        if waiting < self.write_mark[0] or self.write_resumes != self.write_mark[1]:
-            self.watch_writing()  # it took some
-            return
-        log.info(
-            "connection cut: the client took nothing of %d bytes for %g s", waiting, self.limits.write_timeout
-        )
-        self.transport.abort()
+        mark = (self.waiting_for_client(), self.write_resumes)
+        if mark[0] < self.write_mark[0] or mark[1] != self.write_mark[1]:
+            self.write_mark, self.write_still = mark, 0  # it took some
+        else:
+            self.write_still += 1
+            if self.write_still >= WRITE_LOOKS:
+                log.info(
+                    "connection cut: the client took nothing of %d bytes for %g s",
+                    mark[0],
+                    self.limits.write_timeout,
+                )
+                self.transport.abort()
+                return
+        self.look_at_writing_later()
