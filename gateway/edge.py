@@ -72,7 +72,7 @@ class Connections:
 
     def release_memory_soon(self, loop: asyncio.AbstractEventLoop) -> None:
         """Once a connection that held a stalled answer is gone, hand the heap's free pages back
-        (glibc keeps them: 20 cut 4 MB answers left 80 MB, 14 after this), once for all that go
+        (glibc keeps them: 20 cut 4 MB answers left 80 MB, 13 after this), once for all that go
         within a second: it takes milliseconds on a large heap."""
         if not self.release_planned:
             self.release_planned = True
