@@ -371,7 +371,30 @@ class ClientLimits(Strict):
     header_timeout: float = Field(default=10.0, gt=0, description="seconds for a request's headers; → 408")
     body_timeout: float = Field(default=60.0, gt=0, description="seconds for a request's body; → 408")
     keepalive_timeout: float = Field(default=5.0, gt=0, description="seconds an idle connection is kept")
-    max_connections: int = Field(default=1000, ge=1, description="connections per worker; more are closed")
+    write_timeout: float = Field(
+        default=30.0,
+        gt=0,
+        description="seconds a client may take nothing of an answer waiting for it; then (within a "
+        "third more) the connection is cut and what it held freed",
+    )
+    unsent_bytes: int = Field(
+        default=64 * 1024,
+        ge=4096,
+        description="bytes a connection's socket holds that the client has not taken "
+        "(TCP_NOTSENT_LOWAT); past them an answer waits for the client",
+    )
+    max_pipelined: int = Field(
+        default=16, ge=1, description="requests waiting on one connection behind an answer; more → 503"
+    )
+    max_connections: int = Field(
+        default=1000, ge=1, description="connections per worker; more get only the probes' answers"
+    )
+    probe_connections: int = Field(
+        default=32,
+        ge=0,
+        description="connections past max_connections taken to answer /health, /ready and /metrics "
+        "(anything else: 503); past those, closed at once",
+    )
 
 
 class MediaFetch(Strict):

@@ -176,7 +176,8 @@ def run_worker(options: ServeOptions, sock: socket.socket, supervisor: int | Non
     """One server process on a bound socket (in the process itself, or in a worker)."""
     from gateway.access_log import AccessLog
     from gateway.app import create_app, front_door_of
-    from gateway.edge import EdgeProtocol
+    from gateway.edge import Connections, EdgeProtocol
+    from gateway.edge_writing import limit_unsent
     from gateway.log_sink import without_blocking
 
     logging.config.dictConfig(options.log_config)
@@ -195,8 +196,13 @@ def run_worker(options: ServeOptions, sock: socket.socket, supervisor: int | Non
     loggers = [logging.getLogger(name) for name in ("", "uvicorn", "uvicorn.error", "uvicorn.access")]
     without_blocking(loggers, dropped, settings.server.log_buffer_lines)
     edge = functools.partial(
-        EdgeProtocol, limits=settings.server.clients, render_error=front_door_of(app).edge_error
+        EdgeProtocol,
+        limits=settings.server.clients,
+        max_body_bytes=settings.server.max_body_bytes,
+        render_error=front_door_of(app).edge_error,
+        shared=Connections(),
     )
+    limit_unsent(sock, settings.server.clients)
     config = uvicorn.Config(
         app,
         log_config=None,  # configured above, once

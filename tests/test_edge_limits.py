@@ -229,9 +229,10 @@ def test_a_slowloris_does_not_slow_anyone_else(gateway: GatewayProcess, tmp_path
 
 
 def test_connections_past_the_cap_are_closed_at_once(tmp_path: Path):
-    """A worker holds at most `max_connections`; the next is closed before it can hold anything,
-    and those held are served as usual."""
-    with gateway_process(tmp_path, {"server": {"clients": {"max_connections": 5}}}) as small:
+    """A worker holds at most `max_connections` (with no reserve for probes, as here); the next
+    is closed before it can hold anything, and those held are served as usual."""
+    limits = {"max_connections": 5, "probe_connections": 0}
+    with gateway_process(tmp_path, {"server": {"clients": limits}}) as small:
         held = [socket.create_connection(address(small), timeout=5) for _ in range(5)]
         try:
             time.sleep(0.3)
