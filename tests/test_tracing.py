@@ -108,7 +108,9 @@ def spans_by_kind(exported: InMemorySpanExporter) -> tuple[Any, list[Any]]:
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_retry_is_two_client_spans_and_the_upstream_continues_the_second(stream: bool):
     with FaultUpstream() as upstream:
-        app, exported = traced_app(deployments=[upstream_deployment("flaky", [upstream.base_url("flaky")])])
+        # two replicas: a 5xx is tried again on another replica, never on the one that gave it
+        flaky = upstream.base_url("flaky")
+        app, exported = traced_app(deployments=[upstream_deployment("flaky", [flaky, flaky])])
         body = {"model": "flaky", "messages": [{"role": "user", "content": "hi"}], "stream": stream}
         answer = post(app, body, {"traceparent": TRACEPARENT})
         assert answer.status_code == 200, answer.text
