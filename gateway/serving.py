@@ -35,6 +35,7 @@ from gateway.config import ConfigError, Settings
 from gateway.config_source import Source
 from gateway.config_watch import ConfigWatch
 from gateway.lifecycle import Lifecycle
+from gateway.policy.stores import split_between_workers
 
 log = logging.getLogger("chatgate")
 STARTUP_FAILURE = 3  # a worker's exit code when it could not start (uvicorn's own convention)
@@ -80,6 +81,8 @@ def bind(host: str, port: int, reuse_port: bool) -> socket.socket:
 
 def serve(options: ServeOptions) -> int:
     """Serve until stopped; the process's exit code."""
+    if (split := split_between_workers(options.settings, options.workers)) is not None:
+        raise StartupError(split)
     if options.workers == 1:
         sock = bind(options.host, options.port, reuse_port=False)
         code = run_worker(options, sock)
