@@ -238,3 +238,23 @@ def test_a_hidden_deployment_is_a_404_naming_the_model_asked_for(tmp_path):
         )
     assert answer.status_code == 404
     assert "gpt-secret" in answer.text and "internal-gpu-pool" not in answer.text, answer.text
+
+
+def test_a_reload_that_would_split_limits_between_workers_is_refused(tmp_path):
+    """What the start refuses, a reload refuses too: budgets added to the config of a
+    `--workers 2` gateway on the memory store are not applied (each worker would count them
+    alone); the running config stays, and every worker says why."""
+    key = {"name": "team", "sha256": KEY_SHA}
+    with gateway_process(tmp_path, {"keys": [key]}, "--workers", "2") as gateway:
+        config = next(tmp_path.glob("chatgate-*.yaml"))
+        config.write_text(yaml.safe_dump({"keys": [{**key, "budgets": [{"tokens": 1, "per": "day"}]}]}))
+        refusal = "refused, the running config stays"
+        assert wait_until(lambda: gateway.output().count(refusal) >= 2, 30), gateway.output()
+        answers = [
+            httpx.post(
+                f"{gateway.url}/v1/chat/completions", json={"model": "echo", "messages": USER}, headers=AUTH
+            )
+            for _ in range(4)
+        ]
+    assert [a.status_code for a in answers] == [200] * 4
+    assert "rate_limits.store: redis" in gateway.output()
