@@ -21,6 +21,7 @@ import yaml
 
 from gateway.policy.auth import new_key
 from gateway.policy.token_count import estimate
+from tests.fault_upstream import FaultUpstream
 from tests.gateway_process import GatewayProcess, gateway_process
 from tests.held_upstream import HeldUpstream
 from tests.redis_server import running_redis
@@ -258,3 +259,26 @@ def test_a_reload_that_would_split_limits_between_workers_is_refused(tmp_path):
         ]
     assert [a.status_code for a in answers] == [200] * 4
     assert "rate_limits.store: redis" in gateway.output()
+
+
+def test_a_stream_the_upstream_cuts_is_charged_what_was_relayed(tmp_path):
+    """An upstream that drops the connection after its first chunk ("fine"): the stream ends
+    with an error event, and the prompt and that word are charged (before, nothing was)."""
+    with FaultUpstream() as upstream:
+        config = {
+            "keys": [{"name": "reader", "sha256": KEY_SHA, "budgets": [{"tokens": 10**6, "per": "day"}]}],
+            "deployments": [
+                {"name": "cut", "backend": "openai-compatible", "price": PRICE,
+                 "options": {"base_url": upstream.base_url("reset")}, "health": {"failures": 1000}},
+            ],
+        }  # fmt: skip
+        with gateway_process(tmp_path, config) as gateway:
+            body = {"model": "cut", "messages": USER, "stream": True}
+            answer = httpx.post(f"{gateway.url}/v1/chat/completions", json=body, headers=AUTH, timeout=60)
+            output = metric(
+                gateway.url, 'chatgate_usage_tokens_total{deployment="cut",key="reader",type="output"}'
+            )
+            lines = access_lines(gateway)
+    assert answer.status_code == 200 and '"fine"' in answer.text and "error" in answer.text
+    assert output == 1
+    assert [(line["prompt_tokens"], line["completion_tokens"]) for line in lines] == [(PROMPT, 1)]
