@@ -71,6 +71,19 @@ def request_failed(error: GatewayError, replicas: int) -> GatewayError:
     return failure
 
 
+def delivered_tokens(event: TextDelta | RefusalDelta | ToolCallDelta) -> int:
+    """The completion tokens one relayed event holds, for an answer that ends without its usage:
+    its logprob entries, else its words (at least one for any text: a streamed fragment is a
+    token or more), as the openai-compatible backend estimates an upstream's missing usage."""
+    if isinstance(event, ToolCallDelta):
+        text = event.arguments
+    elif event.logprobs:
+        return len(event.logprobs)
+    else:
+        text = event.text
+    return len(text.split()) or (1 if text else 0)
+
+
 def retry_after(error: GatewayError) -> float:
     try:
         return float(error.headers.get("Retry-After", 0))
@@ -243,8 +256,9 @@ class Dispatcher:
                         await events.aclose()
                         raise
                     relayed = self.relay(
-                        live, replica, events, first, deadline, record, begun, watchdog, on_usage, span
-                    )
+                        live, replica, events, first, deadline, record, begun, watchdog, on_usage, span,
+                        request.prompt_tokens,
+                    )  # fmt: skip
                     if suspects:  # another replica answered: those that failed it are to blame
                         for suspect_live, suspect in suspects:
                             suspect.count_failure()
@@ -323,9 +337,15 @@ class Dispatcher:
         watchdog: Watchdog,
         on_usage: Callable[[Usage], Awaitable[None]] | None,
         span: Span | None = None,
+        prompt_tokens: int = 0,
     ) -> EventStream:
-        """The rest of a stream that has begun: idle and total timeouts, health verdict."""
+        """The rest of a stream that has begun: idle and total timeouts, health verdict. An
+        answer that ends without its usage (the client gone, the upstream cut or timed out) is
+        charged what was relayed: the prompt as admission counted it, and the tokens passed on
+        (`delivered_tokens`)."""
         idle = live.config.timeouts.idle
+        relayed = 0  # completion tokens passed on, while no usage has come
+        usage_seen = False
         item = first
         clock = watchdog.loop.time
         turn_at = clock() + TURN_SECONDS
@@ -334,7 +354,9 @@ class Dispatcher:
                 for event in item if isinstance(item, list) else (item,):
                     if isinstance(event, TextDelta | RefusalDelta | ToolCallDelta):
                         record.first_token()
+                        relayed += delivered_tokens(event)
                     elif isinstance(event, Usage):
+                        usage_seen = True
                         record.prompt_tokens = event.prompt_tokens
                         record.completion_tokens = event.completion_tokens
                         if span is not None:
@@ -380,6 +402,12 @@ class Dispatcher:
             replica.finished_without_verdict()
             await events.aclose()
             raise
+        finally:
+            if not usage_seen:  # closing just before the usage must not make the answer free
+                delivered = Usage(prompt_tokens, relayed)
+                record.prompt_tokens, record.completion_tokens = prompt_tokens, relayed
+                if on_usage is not None:
+                    await on_usage(delivered)
         watchdog.stop()
         replica.succeeded(time.monotonic() - begun)
         self.metrics.replica_health(live.name, replica)

@@ -27,6 +27,7 @@ from gateway.policy.limits import (
     limited_kinds,
     rate_headers,
     refused,
+    too_large,
 )
 from gateway.policy.media import MediaPolicy
 from gateway.policy.stores import create_limiter
@@ -112,7 +113,7 @@ class Runtime:
         deployment = self.router.route(request.model, deployment_name)
         record.deployment = deployment.name
         if not caller.may_use(deployment.name):
-            raise DeploymentForbidden(deployment.name)
+            raise DeploymentForbidden(deployment.name, asked=deployment_name or request.model)
         policy = resolve_policy(headers.get(EXTRA_PARAMS_HEADER), deployment.config.extra_parameters)
         apply_extra_params(request, policy)
         request.deployment = deployment.name
@@ -126,8 +127,9 @@ class Runtime:
         if admission.buckets:
             verdict = await self.limiter.take(admission.buckets, prompt_tokens)
             if not verdict.allowed:
-                record.rate_limited = limited_kinds(verdict)
-                raise refused(verdict)
+                oversized = too_large(verdict)  # looked for only once refused: no cost when admitted
+                record.rate_limited = "tokens" if oversized else limited_kinds(verdict)
+                raise oversized or refused(verdict)
             admission.headers = rate_headers(verdict)
         if caller.key is not None and caller.key.budgets:
             found = accounts(caller.name, caller.key.budgets)

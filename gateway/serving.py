@@ -35,6 +35,7 @@ from gateway.config import ConfigError, Settings
 from gateway.config_source import Source
 from gateway.config_watch import ConfigWatch
 from gateway.lifecycle import Lifecycle
+from gateway.policy.stores import split_between_workers
 
 log = logging.getLogger("chatgate")
 STARTUP_FAILURE = 3  # a worker's exit code when it could not start (uvicorn's own convention)
@@ -80,6 +81,8 @@ def bind(host: str, port: int, reuse_port: bool) -> socket.socket:
 
 def serve(options: ServeOptions) -> int:
     """Serve until stopped; the process's exit code."""
+    if (split := split_between_workers(options.settings, options.workers)) is not None:
+        raise StartupError(split)
     if options.workers == 1:
         sock = bind(options.host, options.port, reuse_port=False)
         code = run_worker(options, sock)
@@ -100,6 +103,7 @@ class GatewayServer(uvicorn.Server):
         super().__init__(config)
         self.lifecycle = lifecycle
         self.settings = options.settings
+        self.workers = options.workers
         self.drain = self.settings.server.shutdown.drain
         self.drain_ends: float | None = None
         self.watch = ConfigWatch(options.settings, options.source, log, options.config_path)
@@ -112,8 +116,13 @@ class GatewayServer(uvicorn.Server):
         self.reload_asked = True
 
     async def reload(self, why: str) -> None:
+        running = self.watch.settings, self.watch.source
         settings = self.watch.take(why)
         if settings is None:
+            return
+        if (split := split_between_workers(settings, self.workers)) is not None:
+            log.error("%s: refused, the running config stays: %s", why, split)
+            self.watch.settings, self.watch.source = running
             return
         if (settings.server, settings.mounts) != (self.settings.server, self.settings.mounts):
             log.warning("%s: server and mounts settings change only with a restart", why)
@@ -301,7 +310,11 @@ class Supervisor:
         """Keep the settings a new worker gets as the workers keep theirs (each worker reloads on
         its own and says so; the supervisor only follows)."""
         asked, self.reload_asked = self.reload_asked, False
+        running = self.watch.settings, self.watch.source
         if (asked or self.watch.due()) and (settings := self.watch.take("supervisor")) is not None:
+            if split_between_workers(settings, len(self.sockets)) is not None:
+                self.watch.settings, self.watch.source = running  # its workers refuse it too
+                return
             self.options = dataclasses.replace(self.options, settings=settings, source=self.watch.source)
 
     def pass_on_sighup(self, sig: int, frame: Any) -> None:

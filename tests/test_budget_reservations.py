@@ -24,6 +24,8 @@ AUTH = {"authorization": f"Bearer {KEY}"}
 USER = [{"role": "user", "content": "hold this for me"}]
 PER_REQUEST = estimate(USER)  # what admission reserves: the prompt's estimate
 FITS = 3  # requests whose reservations fit the budget at once
+# what a stream hung up on after its first chunk ("fine") is charged: its prompt and that word
+HUNG_UP = PER_REQUEST + 1
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +80,14 @@ def one_answer(url: str) -> httpx.Response:
     return httpx.post(f"{url}/v1/chat/completions", json=body, headers=AUTH, timeout=60)
 
 
+def account(store: redis.Redis) -> tuple[float, float]:
+    """The key's budget account in the store: (spent, held)."""
+    names = list(store.scan_iter(match="*budget*:account"))
+    assert len(names) == 1, names
+    spent, held = store.hmget(names[0], "spent", "held")
+    return float(spent or 0), float(held or 0)
+
+
 def wait_until(condition, seconds: float) -> bool:
     deadline = time.monotonic() + seconds
     while not condition():
@@ -90,7 +100,8 @@ def wait_until(condition, seconds: float) -> bool:
 def test_a_store_flushed_with_streams_in_flight_never_goes_below_zero(tmp_path, redis_url, upstream):
     """Regression (issue 24, item 11): the refunds of requests whose reservations a FLUSHALL had
     wiped took the account below zero (−7,536 in the attack), and the key could then spend its
-    budget again on top. A settlement now releases only what the store still holds."""
+    budget again on top. A settlement now releases only what the store still holds, and adds
+    what the hung-up streams were relayed (issue 28): the budget stays used up."""
     store = redis.Redis.from_url(redis_url)
     store.flushall()
     with gateway_process(tmp_path, settings(redis_url, upstream)) as gateway:
@@ -99,10 +110,10 @@ def test_a_store_flushed_with_streams_in_flight_never_goes_below_zero(tmp_path, 
             store.flushall()
         # the client hung up on every stream: the gateway hangs up upstream, then settles
         assert wait_until(lambda: upstream.answering["stall-mid"] == 0, 30)
-        time.sleep(1)
+        assert wait_until(lambda: account(store) == (FITS * HUNG_UP, 0.0), 30), account(store)
         with ExitStack() as streams:
-            statuses = [open_stream(streams, gateway.url) for _ in range(2 * FITS + 1)]
-        assert statuses == [200] * FITS + [429] * (FITS + 1), statuses
+            statuses = [open_stream(streams, gateway.url) for _ in range(FITS + 1)]
+        assert statuses == [429] * (FITS + 1), statuses
     for name in store.scan_iter(match="*budget*:account"):
         assert float(store.hget(name, "spent") or 0) >= 0 and float(store.hget(name, "held") or 0) >= 0
 
@@ -132,18 +143,20 @@ def test_a_killed_gateways_reservations_stop_counting_after_their_lease(tmp_path
     assert waited < lease + 20, waited  # the lease, and a loaded machine's slack
 
 
-def test_a_stream_longer_than_the_lease_keeps_its_reservation_and_a_hang_up_releases_it(
+def test_a_stream_longer_than_the_lease_keeps_its_reservation_and_a_hang_up_settles_it(
     tmp_path, redis_url, upstream
 ):
     """A lease is renewed every third of it while its request runs: streams held open for
-    several leases still hold the budget; their hang-up releases it at once."""
+    several leases still hold the budget; their hang-up settles it at once, to what each was
+    relayed (its prompt and its one word)."""
     lease = 2.0
-    redis.Redis.from_url(redis_url).flushall()
+    store = redis.Redis.from_url(redis_url)
+    store.flushall()
     with gateway_process(tmp_path, settings(redis_url, upstream, lease)) as gateway:
         with ExitStack() as streams:
             assert [open_stream(streams, gateway.url) for _ in range(FITS)] == [200] * FITS
             time.sleep(3 * lease)
             assert one_answer(gateway.url).status_code == 429
-        # released at the hang-up: nothing waits for a lease to run out (the gateway renews them)
+        # settled at the hang-up: nothing waits for a lease to run out (the gateway renews them)
         assert wait_until(lambda: upstream.answering["stall-mid"] == 0, 30)
-        assert wait_until(lambda: one_answer(gateway.url).status_code == 200, 30)
+        assert wait_until(lambda: account(store) == (FITS * HUNG_UP, 0.0), 30), account(store)

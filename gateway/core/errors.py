@@ -70,9 +70,11 @@ class DeploymentForbidden(Forbidden):
 
     code = "DeploymentNotAllowed"
 
-    def __init__(self, deployment: str) -> None:
+    def __init__(self, deployment: str, asked: str | None = None) -> None:
         super().__init__(f"This key may not use the deployment '{deployment}'.", param="model")
         self.deployment = deployment
+        # what the client named (a model, an alias, a deployment): all that a 404 may name
+        self.asked = asked or deployment
 
 
 class NotFound(GatewayError):

@@ -37,7 +37,7 @@ class OpenAITranslator(OpenAIShaped):
     def error(self, error: GatewayError, request_id: str) -> RenderedError:
         # a model hidden from the key reads exactly as one that does not exist
         if isinstance(error, DeploymentForbidden):
-            error = model_not_found(error.deployment)
+            error = model_not_found(error.asked)
         elif isinstance(error, ModelNotFound):
             error = model_not_found(error.model)
         return super().error(error, request_id)

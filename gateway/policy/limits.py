@@ -111,6 +111,23 @@ def refused(verdict: Verdict) -> TooManyRequests:
     )
 
 
+def too_large(verdict: Verdict) -> TooManyRequests | None:
+    """The refusal of a request whose tokens are more than a token limit holds at all: no wait
+    lets it through, so it is told so (OpenAI's own words, as a 429 without Retry-After) rather
+    than to retry. None when every cost fits its bucket's capacity."""
+    for bucket, cost in zip(verdict.buckets, verdict.costs, strict=True):
+        if bucket.kind == "tokens" and cost > bucket.capacity:
+            kind, subject = bucket.name.removesuffix(":tokens").split(":", 1)
+            return TooManyRequests(
+                f"Request too large for {kind} '{subject}' on tokens per min (TPM): Limit "
+                f"{bucket.capacity}, Requested {cost}. The input or output tokens must be reduced "
+                "in order to run successfully.",
+                code="RequestTooLarge",
+                headers={name.decode(): value.decode() for name, value in rate_headers(verdict)},
+            )
+    return None
+
+
 class Limiter(Protocol):
     async def take(self, buckets: list[Bucket], tokens: int) -> Verdict:
         """Take one request and `tokens` from every bucket, or nothing if any lacks room."""
