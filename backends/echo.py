@@ -233,6 +233,12 @@ class EchoBackend:
         choice = request.tool_choice
         if not request.tools or choice in (None, "none", "auto"):
             return None
+        if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
+            allowed = choice.get("allowed_tools") or {}
+            if allowed.get("mode") != "required":
+                return None  # auto: echo answers with a message
+            names = {(tool.get("function") or {}).get("name") for tool in allowed.get("tools") or ()}
+            return next((t for t in request.tools if (t.get("function") or {}).get("name") in names), None)
         if choice == "required":
             return request.tools[0]
         if isinstance(choice, dict):

@@ -18,6 +18,7 @@ from tests.documents import response_errors
 
 ASSISTANT = {"role": "assistant"}
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+CUSTOM_TOOL = {"type": "custom", "custom": {"name": "c"}}
 OTHER_TOOL = {"type": "function", "function": {"name": "g"}}
 NAMED_F = {"type": "function", "function": {"name": "f"}}
 CALL = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
@@ -166,6 +167,13 @@ CASES = [
         row(dialect, "named-tool_choice-among-tools", breaks, {**breaks, "tools": [TOOL]}, "tool_choice")
         for dialect in ("openai", "azure", "ovms")
         for breaks in ({"tool_choice": NAMED_F}, {"tool_choice": NAMED_F, "tools": [OTHER_TOOL]})
+    ),
+    row(
+        "openai",
+        "named-custom-tool_choice-among-tools",
+        {"tool_choice": {"type": "custom", "custom": {"name": "c"}}, "tools": [TOOL]},
+        {"tool_choice": {"type": "custom", "custom": {"name": "c"}}, "tools": [CUSTOM_TOOL]},
+        "tool_choice",
     ),
     row(
         "openai",
