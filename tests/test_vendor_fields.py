@@ -108,3 +108,20 @@ def test_dropped_names_cannot_break_the_header(gateway_url: str):
     shown = response.headers["x-chatgate-dropped-params"]
     assert shown.isascii() and shown.isprintable() and len(shown) <= 2048
     assert shown.startswith("caf\\xe9, evil\\r\\nx-injected: 1, xxx") and shown.endswith("...")
+
+
+@pytest.mark.parametrize(
+    "path, name, value",
+    [
+        ("/aleph-alpha/chat/completions", "response_format", {"type": "json_object"}),
+        ("/aleph-alpha/chat/completions", "tools", [WEATHER]),
+        ("/v3/chat/completions", "logit_bias", {"50256": 5}),
+    ],
+)
+def test_an_unsupported_parameter_is_named_as_such(gateway_url: str, path: str, name: str, value):
+    """Not the schema's "… is not of types "null", "string" at 'response_format'" (issue 26)."""
+    body = {"model": "echo", "messages": USER, name: value}
+    response = httpx.post(f"{gateway_url}{path}", json=body, timeout=30)
+    assert response.status_code == 400, response.text
+    text = response.text
+    assert f"The parameter '{name}' is not supported" in text and "is not of type" not in text

@@ -51,6 +51,17 @@ def said(details: CompletionTokensDetails | PromptTokensDetails) -> dict[str, in
     return {name: value for name in details.__slots__ if (value := getattr(details, name)) is not None}
 
 
+def unsupported_parameter(name: str, value: Any) -> BadRequest:
+    """A parameter the dialect itself refuses, whatever the model (400, as its document says)."""
+    return BadRequest(
+        f"The parameter '{name}' is not supported by this API.",
+        param=name,
+        loc=["body", name],
+        value=value,
+        code="UnsupportedParameter",
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class DocumentFacts:
     """What a translator takes from its dialect's document, once, at start."""
@@ -209,13 +220,7 @@ class OpenAIShaped:
         present = [name for name in body if name in unsupported and body[name] is not None]
         for name in present:
             if unsupported[name] == "rejected":
-                raise BadRequest(
-                    f"The parameter '{name}' is not supported by this API.",
-                    param=name,
-                    loc=["body", name],
-                    value=body[name],
-                    code="UnsupportedParameter",
-                )
+                raise unsupported_parameter(name, body[name])
         ignored = {name for name in present if unsupported[name] == "ignored"}
         return {k: v for k, v in body.items() if k not in ignored} if ignored else body
 
@@ -447,4 +452,17 @@ class OpenAIShaped:
 
     def error(self, error: GatewayError, request_id: str) -> RenderedError:
         """A gateway error as this dialect answers it: status, body and headers."""
+        error = self.named_unsupported(error)
         return RenderedError(error.status, self.error_body(error, request_id), dict(error.headers))
+
+    def named_unsupported(self, error: GatewayError) -> GatewayError:
+        """A schema error about a parameter the document marks rejected, said as what it is: the
+        parameter is not supported (its schema admits only null, so the schema's words would be
+        "… is not of types null, string")."""
+        loc = error.loc if isinstance(error, BadRequest) else None
+        if not loc or len(loc) < 2 or loc[0] != "body":
+            return error
+        name = loc[1]
+        if not isinstance(name, str) or self.facts.unsupported.get(name) != "rejected":
+            return error
+        return unsupported_parameter(name, error.value if len(loc) == 2 else None)
