@@ -125,3 +125,14 @@ def test_an_unsupported_parameter_is_named_as_such(gateway_url: str, path: str, 
     assert response.status_code == 400, response.text
     text = response.text
     assert f"The parameter '{name}' is not supported" in text and "is not of type" not in text
+
+
+def test_integers_are_counted_as_json_schema_2020_12_counts_them(gateway_url: str):
+    """OpenAI's document (JSON Schema 2020-12) calls 2.0 an integer: `n: 2.0` is two choices."""
+    response = post(gateway_url, {"n": 2.0, "seed": 7.0, "max_completion_tokens": 3.0})
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    assert [c["index"] for c in answer["choices"]] == [0, 1]
+    assert answer["usage"]["completion_tokens"] == 6
+    assert post(gateway_url, {"n": 2.5}).status_code == 400
+    assert post(gateway_url, {"logprobs": True, "top_logprobs": 2.0}).status_code == 200

@@ -45,6 +45,12 @@ JSON = "application/json"
 TOKEN_LIMITS = ("max_completion_tokens", "max_tokens", "maximum_tokens")
 
 
+def whole(value: Any) -> Any:
+    """An integer parameter as an int: a document that counts integers as JSON Schema 2020-12
+    does admits 2.0 (gateway/validation.py, `x-chatgate-integers`)."""
+    return int(value) if isinstance(value, float) else value
+
+
 def said(details: CompletionTokensDetails | PromptTokensDetails) -> dict[str, int]:
     """The counts of a usage detail the backend gave (those it did not say are left out)."""
     # not dataclasses.asdict: it deep-copies every value, a fifth of rendering an answer
@@ -185,23 +191,23 @@ class OpenAIShaped:
                 tool_choice = {"type": "function", "function": legacy_choice}
             elif legacy_choice is not None:
                 tool_choice = legacy_choice
-        max_tokens = next((known[name] for name in TOKEN_LIMITS if known.get(name) is not None), None)
+        max_tokens = whole(next((known[name] for name in TOKEN_LIMITS if known.get(name) is not None), None))
         return ChatRequest(
             model=known.get("model"),
             messages=known["messages"],
             stream=bool(known.get("stream")),
             include_usage=bool((known.get("stream_options") or {}).get("include_usage")),
-            n=known.get("n") or 1,
+            n=whole(known.get("n")) or 1,
             max_tokens=max_tokens,
             stop=[stop] if isinstance(stop, str) else list(stop or []),
-            seed=known.get("seed"),
+            seed=whole(known.get("seed")),
             temperature=known.get("temperature"),
             top_p=known.get("top_p"),
             frequency_penalty=known.get("frequency_penalty"),
             presence_penalty=known.get("presence_penalty"),
             logit_bias=known.get("logit_bias"),
             logprobs=bool(known.get("logprobs")),
-            top_logprobs=known.get("top_logprobs") or 0,
+            top_logprobs=whole(known.get("top_logprobs")) or 0,
             response_format=known.get("response_format"),
             tools=tools,
             tool_choice=tool_choice,
