@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal, NotRequired, TypeAlias, TypedDict
+from typing import Any, Literal, NotRequired, TypeAlias
+
+from typing_extensions import TypedDict
 
 
 class PromptCacheOptions(TypedDict):
@@ -141,15 +143,21 @@ class PredictionContent(TypedDict):
     content: str | list[ChatCompletionRequestMessageContentPartText]
 
 
+class Voice(TypedDict, closed=True):
+    """
+    The voice to speak with (alloy, ash, ballad, coral, echo, sage, shimmer, verse, …).
+    """
+
+    id: str
+
+
 class ChatCompletionAudioParam(TypedDict):
     """
     Audio output settings; required when `modalities` contains `audio`.
     """
 
-    voice: Literal[
-        "alloy", "ash", "ballad", "coral", "echo", "sage", "shimmer", "verse"
-    ]
-    format: Literal["wav", "mp3", "flac", "opus", "pcm16"]
+    voice: str | Voice
+    format: Literal["wav", "aac", "mp3", "flac", "opus", "pcm16"]
 
 
 class ChatCompletionStreamOptions(TypedDict):

@@ -136,3 +136,13 @@ def test_integers_are_counted_as_json_schema_2020_12_counts_them(gateway_url: st
     assert answer["usage"]["completion_tokens"] == 6
     assert post(gateway_url, {"n": 2.5}).status_code == 400
     assert post(gateway_url, {"logprobs": True, "top_logprobs": 2.0}).status_code == 200
+
+
+@pytest.mark.parametrize("voice, format", [("marin", "wav"), ({"id": "voice_1234"}, "aac")])
+def test_audio_settings_of_the_current_document_reach_the_model_check(gateway_url: str, voice, format: str):
+    """A voice or format only the current document lists is valid: the answer is the model's
+    422 for audio output, not a 400 for the setting."""
+    body = {"modalities": ["text", "audio"], "audio": {"voice": voice, "format": format}}
+    response = post(gateway_url, body)
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["param"] == "modalities"
