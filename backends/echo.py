@@ -59,6 +59,7 @@ PARAMETERS: dict[str, Param] = {
     for p in CATALOGUE
     if not p.handled
 }
+NO_PARAMETERS = {"type": "object", "properties": {}}
 PREFIX = "[chatgate echo backend, not a language model] You said:"
 # What echo says of every answer: one configuration, one tier, no reasoning and no cache (its
 # zeros are true), so every dialect's fields for these are exercised end to end.
@@ -206,7 +207,8 @@ class EchoBackend:
         forced = self.forced_tool(request)
         if forced is not None:
             function = forced.get("function", {})
-            arguments = instance_for(function.get("parameters") or {}, heard)
+            # a function without parameters takes none: it is called with an empty object
+            arguments = instance_for(function.get("parameters") or NO_PARAMETERS, heard)
             call = ToolCallDelta(
                 index=0,
                 call_index=0,
@@ -231,6 +233,12 @@ class EchoBackend:
         choice = request.tool_choice
         if not request.tools or choice in (None, "none", "auto"):
             return None
+        if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
+            allowed = choice.get("allowed_tools") or {}
+            if allowed.get("mode") != "required":
+                return None  # auto: echo answers with a message
+            names = {(tool.get("function") or {}).get("name") for tool in allowed.get("tools") or ()}
+            return next((t for t in request.tools if (t.get("function") or {}).get("name") in names), None)
         if choice == "required":
             return request.tools[0]
         if isinstance(choice, dict):
@@ -325,6 +333,8 @@ class Words:
         self.rest: Iterator[re.Match[str]] | None = TOKEN.finditer(text)
         self.limit = request.max_tokens
         self.split: list[str] = []
+        if self.limit == 0 and text:  # nothing may be generated: the limit is reached at once
+            self.rest, self.reason = None, "length"
 
     def between(self, start: int, stop: int) -> list[str]:
         """Tokens start..stop (fewer at the end)."""

@@ -85,17 +85,20 @@ from gateway.core.errors import (
     UpstreamUnreachable,
 )
 from gateway.core.options import from_file
-from gateway.core.parameters import requested
+from gateway.core.parameters import passed_on, requested
 
 log = logging.getLogger("chatgate.backends.openai_compatible")
 
-# OpenAI's own parameters: forwarded under their own names (max_tokens: as the deployment says).
-# The informational metadata, store and service_tier are the gateway's (parameters.HANDLED): dropped.
+# OpenAI's own parameters: forwarded under their own names (max_tokens: as the deployment says),
+# the informational ones too (metadata, store, service_tier, …: parameters.PASSED_ON), so that
+# nothing a client sets is dropped in silence on the way to an OpenAI-compatible server.
 OPENAI_PARAMETERS = same_names(
     "max_tokens", "stop", "n", "seed", "temperature", "top_p", "frequency_penalty",
     "presence_penalty", "logit_bias", "logprobs", "top_logprobs", "response_format", "tools",
     "tool_choice", "user", "parallel_tool_calls", "modalities", "audio", "prediction",
-    "reasoning_effort",
+    "reasoning_effort", "verbosity", "web_search_options", "moderation",
+    "metadata", "store", "service_tier", "prompt_cache_key", "prompt_cache_retention",
+    "prompt_cache_options", "safety_identifier",
 )  # fmt: skip
 SERVER_EXTRA_NOTE = "forwarded as is; vLLM, SGLang and OVMS take it, OpenAI answers 400"
 # Sampling extras of the open-source servers (the dialects' `options`): forwarded as is.
@@ -328,6 +331,8 @@ class OpenAICompatibleBackend:
             if self.options.stream_usage:
                 body["stream_options"] = {"include_usage": True}  # so usage is always known
         body.update(mapped(self.capabilities.parameters, requested(request)))
+        table = self.capabilities.parameters
+        body.update(mapped(table, passed_on(request, table)))
         body.update(request.extra)
         return body
 

@@ -86,6 +86,10 @@ def shared_table(options: TGIOptions) -> dict[str, Param]:
         **unsupported(
             "TGI generates text only", "modalities", "audio", "prediction", "reasoning_effort"
         ),
+        **unsupported(
+            "TGI has no such parameter (OpenAI's current document)", "verbosity", "web_search_options",
+            "moderation",
+        ),
     }  # fmt: skip
 
 

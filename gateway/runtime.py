@@ -17,8 +17,8 @@ from gateway.policy import capabilities
 from gateway.policy.auth import Caller, KeyStore
 from gateway.policy.budgets import Reservation, accounts, exhausted, reservation, used
 from gateway.policy.content_filter import Filter
+from gateway.policy.extra_params import DROPPED_HEADER, apply_extra_params, dropped_header, resolve_policy
 from gateway.policy.extra_params import HEADER as EXTRA_PARAMS_HEADER
-from gateway.policy.extra_params import apply_extra_params, resolve_policy
 from gateway.policy.limits import (
     Bucket,
     Limiter,
@@ -115,7 +115,7 @@ class Runtime:
         if not caller.may_use(deployment.name):
             raise DeploymentForbidden(deployment.name, asked=deployment_name or request.model)
         policy = resolve_policy(headers.get(EXTRA_PARAMS_HEADER), deployment.config.extra_parameters)
-        apply_extra_params(request, policy)
+        dropped = apply_extra_params(request, policy)
         request.deployment = deployment.name
         prompt_tokens = request.prompt_tokens = await self.counters[deployment.name].count(request.messages)
         capabilities.check(request, deployment.capabilities, prompt_tokens)
@@ -131,6 +131,8 @@ class Runtime:
                 record.rate_limited = "tokens" if oversized else limited_kinds(verdict)
                 raise oversized or refused(verdict)
             admission.headers = rate_headers(verdict)
+        if dropped:
+            admission.headers.append((DROPPED_HEADER.encode(), dropped_header(dropped)))
         if caller.key is not None and caller.key.budgets:
             found = accounts(caller.name, caller.key.budgets)
             held = reservation(found, prompt_tokens, deployment.config.price)

@@ -16,17 +16,27 @@ from gateway.core.errors import BadRequest, ClientGone, PayloadTooLarge
 OPENAPI_ONLY_KEYWORDS = ("nullable", "example", "examples", "discriminator", "xml", "externalDocs")
 
 
-def to_json_schema(schema: t.Any) -> t.Any:
+# A schema marked so counts integers as JSON Schema 2020-12 does (2.0 is an integer), as a
+# vendor's 3.1 document does (OpenAI's); Draft 4 says it as a number that is a multiple of 1.
+INTEGERS_EXTENSION = "x-chatgate-integers"
+INTEGERS_2020_12 = "json-schema-2020-12"
+
+
+def to_json_schema(schema: t.Any, integral: bool = False) -> t.Any:
     """OpenAPI 3.0 schema object → JSON Schema Draft 4 (`nullable` becomes a "null" type)."""
     if isinstance(schema, list):
-        return [to_json_schema(item) for item in schema]
+        return [to_json_schema(item, integral) for item in schema]
     if not isinstance(schema, dict):
         return schema
+    integral = integral or schema.get(INTEGERS_EXTENSION) == INTEGERS_2020_12
     converted = {
-        key: to_json_schema(value)
+        key: to_json_schema(value, integral)
         for key, value in schema.items()
         if key not in OPENAPI_ONLY_KEYWORDS and not key.startswith("x-")
     }
+    if integral and schema.get("type") == "integer":
+        converted["type"] = "number"
+        converted["multipleOf"] = 1
     if schema.get("nullable") is True:
         kind = converted.get("type")
         if isinstance(kind, str):

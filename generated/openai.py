@@ -3,7 +3,38 @@
 
 from __future__ import annotations
 
-from typing import Literal, NotRequired, TypeAlias, TypedDict
+from typing import Any, Literal, NotRequired, TypeAlias
+
+from typing_extensions import TypedDict
+
+
+class PromptCacheOptions(TypedDict):
+    """
+    Options for the upstream's prompt cache; passed on to a backend that takes it.
+    """
+
+    ttl: NotRequired[str | None]
+
+
+class Approximate(TypedDict):
+    country: NotRequired[str]
+    region: NotRequired[str]
+    city: NotRequired[str]
+    timezone: NotRequired[str]
+
+
+class UserLocation(TypedDict):
+    type: Literal["approximate"]
+    approximate: Approximate
+
+
+class WebSearchOptions(TypedDict):
+    """
+    Web search before answering. Passed to a backend that takes it, else 422.
+    """
+
+    user_location: NotRequired[UserLocation | None]
+    search_context_size: NotRequired[Literal["low", "medium", "high"]]
 
 
 class ChatCompletionRequestAssistantMessageAudio(TypedDict):
@@ -112,15 +143,21 @@ class PredictionContent(TypedDict):
     content: str | list[ChatCompletionRequestMessageContentPartText]
 
 
+class Voice(TypedDict, closed=True):
+    """
+    The voice to speak with (alloy, ash, ballad, coral, echo, sage, shimmer, verse, …).
+    """
+
+    id: str
+
+
 class ChatCompletionAudioParam(TypedDict):
     """
     Audio output settings; required when `modalities` contains `audio`.
     """
 
-    voice: Literal[
-        "alloy", "ash", "ballad", "coral", "echo", "sage", "shimmer", "verse"
-    ]
-    format: Literal["wav", "mp3", "flac", "opus", "pcm16"]
+    voice: str | Voice
+    format: Literal["wav", "aac", "mp3", "flac", "opus", "pcm16"]
 
 
 class ChatCompletionStreamOptions(TypedDict):
@@ -167,6 +204,60 @@ class ChatCompletionFunctions(TypedDict):
     description: NotRequired[str]
     name: str
     parameters: NotRequired[FunctionParameters]
+
+
+class AllowedTools(TypedDict):
+    mode: Literal["auto", "required"]
+    tools: list[dict[str, Any]]
+
+
+class ChatCompletionAllowedToolsChoice(TypedDict):
+    """
+    Restricts the model to some of `tools` (OpenAI's current document): `auto` lets it pick
+    among them or answer, `required` makes it call one of them.
+
+    """
+
+    type: Literal["allowed_tools"]
+    allowed_tools: AllowedTools
+
+
+class Custom(TypedDict):
+    name: str
+
+
+class ChatCompletionNamedToolChoiceCustom(TypedDict):
+    """
+    Forces a call to the named custom tool (OpenAI's current document).
+    """
+
+    type: Literal["custom"]
+    custom: Custom
+
+
+class Grammar(TypedDict):
+    definition: NotRequired[str]
+    syntax: NotRequired[Literal["lark", "regex"]]
+
+
+class Format(TypedDict):
+    type: Literal["text", "grammar"]
+    grammar: NotRequired[Grammar]
+
+
+class Custom1(TypedDict):
+    name: str
+    description: NotRequired[str]
+    format: NotRequired[Format]
+
+
+class CustomTool(TypedDict):
+    """
+    A tool whose input is free text or follows a grammar (OpenAI's current document).
+    """
+
+    type: Literal["custom"]
+    custom: Custom1
 
 
 class Function1(TypedDict):
@@ -404,7 +495,10 @@ class FunctionObject(TypedDict):
 
 
 ChatCompletionToolChoiceOption: TypeAlias = (
-    Literal["none", "auto", "required"] | ChatCompletionNamedToolChoice
+    Literal["none", "auto", "required"]
+    | ChatCompletionNamedToolChoice
+    | ChatCompletionAllowedToolsChoice
+    | ChatCompletionNamedToolChoiceCustom
 )
 
 
@@ -544,7 +638,9 @@ class CreateChatCompletionRequest(TypedDict):
     messages: list[ChatCompletionRequestMessage]
     model: str
     store: NotRequired[bool | None]
-    reasoning_effort: NotRequired[Literal["low", "medium", "high"] | None]
+    reasoning_effort: NotRequired[
+        Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None
+    ]
     metadata: NotRequired[Metadata | None]
     frequency_penalty: NotRequired[float | None]
     logit_bias: NotRequired[dict[str, int] | None]
@@ -561,13 +657,22 @@ class CreateChatCompletionRequest(TypedDict):
         ResponseFormatText | ResponseFormatJsonObject | ResponseFormatJsonSchema
     ]
     seed: NotRequired[int | None]
-    service_tier: NotRequired[Literal["auto", "default"] | None]
+    service_tier: NotRequired[
+        Literal["auto", "default", "flex", "scale", "priority", "fast"] | None
+    ]
+    verbosity: NotRequired[Literal["low", "medium", "high"] | None]
+    prompt_cache_key: NotRequired[str | None]
+    prompt_cache_retention: NotRequired[Literal["in_memory", "24h"] | None]
+    prompt_cache_options: NotRequired[PromptCacheOptions | None]
+    safety_identifier: NotRequired[str | None]
+    moderation: NotRequired[dict[str, Any] | None]
+    web_search_options: NotRequired[WebSearchOptions | None]
     stop: NotRequired[StopConfiguration]
     stream: NotRequired[bool | None]
     stream_options: NotRequired[ChatCompletionStreamOptions | None]
     temperature: NotRequired[float | None]
     top_p: NotRequired[float | None]
-    tools: NotRequired[list[ChatCompletionTool]]
+    tools: NotRequired[list[ChatCompletionTool | CustomTool]]
     tool_choice: NotRequired[ChatCompletionToolChoiceOption]
     parallel_tool_calls: NotRequired[bool]
     user: NotRequired[str]

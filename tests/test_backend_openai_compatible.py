@@ -898,3 +898,25 @@ def test_nothing_the_upstream_said_is_lost(gateway: str, behaviour: str, stream:
     assert usage.completion_tokens_details is not None
     assert usage.completion_tokens_details.reasoning_tokens == 7
     assert usage.prompt_tokens_details is not None and usage.prompt_tokens_details.cached_tokens == 3
+
+
+def test_informational_and_current_openai_fields_reach_the_upstream(gateway: str, stub: StubUpstream) -> None:
+    """store, metadata and service_tier were dropped in silence (issue 26); OpenAI's current
+    fields (openapi 2.3.0) go on too, under their own names."""
+    marker = f"informational-{uuid.uuid4().hex}"
+    forwarded = {
+        "store": True,
+        "metadata": {"run": marker},
+        "service_tier": "flex",
+        "prompt_cache_key": "cache-1",
+        "prompt_cache_retention": "24h",
+        "safety_identifier": "hashed-user",
+        "verbosity": "low",
+        "reasoning_effort": "minimal",
+        "web_search_options": {"search_context_size": "low"},
+    }
+    body = {"model": "stub-capture", "messages": MESSAGES, **forwarded}
+    response = http_client().post(gateway + PATHS["openai"], json=body)
+    assert response.status_code == 200, response.text
+    sent = stub.connection_with(marker).body
+    assert {name: sent.get(name) for name in forwarded} == forwarded

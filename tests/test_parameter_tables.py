@@ -134,6 +134,13 @@ SAMPLES: dict[str, Any] = {
     "use_beam_search": False, "early_stopping": False, "truncate_prompt_tokens": 10,
     "prompt_logprobs": 1, "detokenize": True, "logits_processors": ["p"],
     "truncate": 100, "watermark": True,  # TGI's own, which arrive as extra parameters
+    # OpenAI's current document (openapi 2.3.0)
+    "verbosity": "low", "web_search_options": {"search_context_size": "low"},
+    "moderation": {"model": "omni-moderation-latest"},
+    # informational: passed on where a backend takes them
+    "metadata": {"k": "v"}, "store": True, "service_tier": "flex", "prompt_cache_key": "k-1",
+    "prompt_cache_retention": "24h", "prompt_cache_options": {"ttl": "1h"},
+    "safety_identifier": "s-1",
 }  # fmt: skip
 # Parameters that mean something only beside another one.
 NEEDS = {"top_logprobs": {"logprobs": True}, "tool_choice": {"tools": [TOOL]}}
@@ -156,7 +163,7 @@ def wire(value: Any) -> Any:
 
 
 def test_there_is_a_sample_for_every_parameter():
-    assert {p.name for p in CATALOGUE if not p.handled} <= set(SAMPLES)
+    assert {p.name for p in CATALOGUE if not p.handled or p.passed_on} <= set(SAMPLES)
 
 
 @pytest.mark.parametrize("max_tokens_parameter", ["max_tokens", "max_completion_tokens"])
@@ -165,7 +172,8 @@ def test_openai_compatible_sends_each_parameter_under_its_target(max_tokens_para
         model="m", base_url="http://127.0.0.1:1/v1", max_tokens_parameter=max_tokens_parameter
     )
     table = backend.capabilities.parameters
-    assert set(table) == {p.name for p in CATALOGUE if not p.handled}  # it forwards all of them
+    # it forwards all of them, the informational ones too
+    assert set(table) == {p.name for p in CATALOGUE if not p.handled or p.passed_on}
     assert table["max_tokens"].target == max_tokens_parameter
     for name, param in table.items():
         assert param.supported and param.target is not None, name  # it refuses and withholds nothing
@@ -174,11 +182,14 @@ def test_openai_compatible_sends_each_parameter_under_its_target(max_tokens_para
         assert set(body) - {"model", "messages"} == {param.target, *NEEDS.get(name, {})}, name
 
 
-def test_openai_compatible_drops_what_the_gateway_handles():
+def test_openai_compatible_forwards_the_informational_parameters():
+    """store, metadata, service_tier … were dropped in silence before issue 26."""
     backend = OpenAICompatibleBackend(model="m", base_url="http://127.0.0.1:1/v1")
     request = request_setting("user")
-    request.options = {"metadata": {"k": "v"}, "store": True, "service_tier": "auto"}
-    assert backend.upstream_body(request) == {"model": "m", "messages": request.messages, "user": "u-1"}
+    informational = {"metadata": {"k": "v"}, "store": True, "service_tier": "flex", "prompt_cache_key": "p"}
+    request.options = dict(informational)
+    body = backend.upstream_body(request)
+    assert body == {"model": "m", "messages": request.messages, "user": "u-1", **informational}
 
 
 @pytest.fixture(scope="module")

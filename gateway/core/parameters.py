@@ -10,6 +10,7 @@ holds every dialect document's parameters to it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,14 +24,24 @@ class Parameter:
     field: bool = False  # held in a ChatRequest field of the same name (else in `options`)
     generates: bool = True  # changes the answer: the backend must take it
     handled: str = ""  # the gateway's own way with it, whatever the backend
+    # informational, yet a backend whose table has it gets it (openai-compatible forwards it):
+    # never dropped in silence where it could go on
+    passed_on: bool = False
 
 
 def field(name: str, *spellings: str, handled: str = "", generates: bool = True) -> Parameter:
     return Parameter(name, spellings, field=True, generates=generates and not handled, handled=handled)
 
 
-def option(name: str, *, generates: bool = True, handled: str = "") -> Parameter:
-    return Parameter(name, field=False, generates=generates and not handled, handled=handled)
+def option(name: str, *, generates: bool = True, handled: str = "", passed_on: bool = False) -> Parameter:
+    return Parameter(
+        name, field=False, generates=generates and not handled, handled=handled, passed_on=passed_on
+    )
+
+
+def informational(name: str, handled: str) -> Parameter:
+    """An option that generates nothing: passed on where the backend takes it, else `handled`."""
+    return option(name, handled=f"passed on where the backend takes it, else {handled}", passed_on=True)
 
 
 CATALOGUE: tuple[Parameter, ...] = (
@@ -56,9 +67,13 @@ CATALOGUE: tuple[Parameter, ...] = (
     field("tool_choice", "function_call"),
     field("user", generates=False),
     # informational: nothing to generate differently
-    option("metadata", handled="informational: dropped (OpenAI stores it; chatgate stores nothing)"),
-    option("store", handled="informational: dropped (chatgate stores no completions)"),
-    option("service_tier", handled="informational: dropped (one tier)"),
+    informational("metadata", "unused (chatgate stores nothing)"),
+    informational("store", "unused (chatgate stores no completions)"),
+    informational("service_tier", "answered from the one tier there is"),
+    informational("prompt_cache_key", "unused (chatgate caches no prompts)"),
+    informational("prompt_cache_retention", "unused (chatgate caches no prompts)"),
+    informational("prompt_cache_options", "unused (chatgate caches no prompts)"),
+    informational("safety_identifier", "unused (like user: chatgate monitors no abuse)"),
     # sampling and decoding options some dialects define (OVMS, LMI, OpenAI's newer ones)
     option("top_k"),
     option("min_p"),
@@ -76,6 +91,10 @@ CATALOGUE: tuple[Parameter, ...] = (
     option("audio"),
     option("prediction"),
     option("reasoning_effort"),
+    # OpenAI's current document (openapi 2.3.0): they change the answer, so a backend takes them or 422
+    option("verbosity"),
+    option("web_search_options"),
+    option("moderation"),
     # vLLM-style extras OVMS documents (and refuses): known, so a backend's table can say so
     option("min_tokens"),
     option("stop_token_ids"),
@@ -93,6 +112,7 @@ BY_NAME: dict[str, Parameter] = {p.name: p for p in CATALOGUE}
 BY_SPELLING: dict[str, Parameter] = {s: p for p in CATALOGUE for s in (p.name, *p.spellings)}
 GENERATION_OPTIONS: frozenset[str] = frozenset(p.name for p in CATALOGUE if not p.field and p.generates)
 HANDLED: dict[str, str] = {p.name: p.handled for p in CATALOGUE if p.handled}
+PASSED_ON: frozenset[str] = frozenset(p.name for p in CATALOGUE if p.passed_on)
 
 
 def canonical_name(spelling: str) -> str:
@@ -127,3 +147,8 @@ def requested(request: ChatRequest) -> dict[str, Any]:
     }
     asked.update({k: v for k, v in request.options.items() if k in GENERATION_OPTIONS})
     return {k: v for k, v in asked.items() if v is not None}
+
+
+def passed_on(request: ChatRequest, table: Mapping[str, Any]) -> dict[str, Any]:
+    """The informational parameters this request sets that the backend's table takes."""
+    return {k: v for k, v in request.options.items() if k in PASSED_ON and k in table}

@@ -144,6 +144,7 @@ class AzureTranslator(OpenAIShaped):
     def error(self, error: GatewayError, request_id: str) -> RenderedError:
         if isinstance(error, DeploymentForbidden):  # a hidden deployment is not found
             error = DeploymentNotFound(error.asked, DEPLOYMENT_HEADER)
+        error = self.named_unsupported(error)
         rendered = super().error(error, request_id)
         rendered.headers["x-ms-error-code"] = error.code
         return rendered

@@ -9,7 +9,10 @@ rules (gateway/tools/conformance.py). A rule is broken when every condition hold
 - `when`: parameter → a JSON Schema (2020-12) its value matches; an absent parameter is null;
 - `greater: [a, b]`: a's value is greater than b's, each absent or null one read as its
   documented `default`;
-- `each: <array parameter>`: the conditions are about each item of that array (a message …).
+- `each: <array parameter>`: the conditions are about each item of that array (a message …);
+- `among: {name: <dotted path>, in: <array parameter>, at: <dotted path>}`: the name at `name`
+  is a string that no item of the array holds at `at` (a named `tool_choice` that is not one
+  of `tools`); `{name}` in the message is that name.
 
 `message` may name parameters in braces (`{n}`): their values, or defaults, are filled in.
 """
@@ -35,6 +38,7 @@ class Rule:
     when: tuple[tuple[str, Any], ...] = ()  # (parameter, compiled validator)
     greater: tuple[str, str] | None = None
     each: str | None = None
+    among: tuple[str, str, str] | None = None  # (name's path, array parameter, path in an item)
     defaults: Mapping[str, Any] = field(default_factory=dict)
 
     def holds_for(self, values: Mapping[str, Any]) -> bool:
@@ -47,7 +51,7 @@ class Rule:
             numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (first, second))
             if not numbers or not first > second:
                 return True
-        return False
+        return self.among is not None and missing_name(self.among, values) is None
 
     def value(self, values: Mapping[str, Any], name: str) -> Any:
         found = values.get(name)
@@ -69,6 +73,8 @@ class Rule:
         self, values: Mapping[str, Any], loc: list[str | int], param: str, in_item: bool = False
     ) -> BadRequest:
         shown = {name: self.value(values, name) for name in self.named()}
+        if self.among is not None:
+            shown["name"] = missing_name(self.among, values)
         message = self.message.format_map(_Shown(shown))
         if in_item:
             message = f"{param}: {message}"
@@ -85,6 +91,24 @@ class Rule:
         return names | {self.param}
 
 
+def missing_name(among: tuple[str, str, str], values: Mapping[str, Any]) -> str | None:
+    """The name `among` looks for, when it is a string no item of the array holds."""
+    path, array, at = among
+    name = dig(values, path)
+    items = values.get(array)
+    held = {dig(item, at) for item in items} if isinstance(items, list) else set()
+    return name if isinstance(name, str) and name not in held else None
+
+
+def dig(value: Any, path: str) -> Any:
+    """The value at a dotted path (`function.name`), or None where the path does not lead."""
+    for key in path.split("."):
+        if not isinstance(value, Mapping):
+            return None
+        value = value.get(key)
+    return value
+
+
 class _Shown(dict[str, Any]):
     def __missing__(self, key: str) -> str:
         return "{" + key + "}"
@@ -99,6 +123,7 @@ def read_rules(schema: Mapping[str, Any], defaults: Mapping[str, Any]) -> tuple[
             for name, condition in (raw.get("when") or {}).items()
         )
         greater = raw.get("greater")
+        among = raw.get("among")
         rules.append(
             Rule(
                 name=raw["name"],
@@ -107,6 +132,7 @@ def read_rules(schema: Mapping[str, Any], defaults: Mapping[str, Any]) -> tuple[
                 when=when,
                 greater=(greater[0], greater[1]) if greater else None,
                 each=raw.get("each"),
+                among=(among["name"], among["in"], among["at"]) if among else None,
                 defaults=dict(defaults),
             )
         )

@@ -45,10 +45,27 @@ JSON = "application/json"
 TOKEN_LIMITS = ("max_completion_tokens", "max_tokens", "maximum_tokens")
 
 
+def whole(value: Any) -> Any:
+    """An integer parameter as an int: a document that counts integers as JSON Schema 2020-12
+    does admits 2.0 (gateway/validation.py, `x-chatgate-integers`)."""
+    return int(value) if isinstance(value, float) else value
+
+
 def said(details: CompletionTokensDetails | PromptTokensDetails) -> dict[str, int]:
     """The counts of a usage detail the backend gave (those it did not say are left out)."""
     # not dataclasses.asdict: it deep-copies every value, a fifth of rendering an answer
     return {name: value for name in details.__slots__ if (value := getattr(details, name)) is not None}
+
+
+def unsupported_parameter(name: str, value: Any) -> BadRequest:
+    """A parameter the dialect itself refuses, whatever the model (400, as its document says)."""
+    return BadRequest(
+        f"The parameter '{name}' is not supported by this API.",
+        param=name,
+        loc=["body", name],
+        value=value,
+        code="UnsupportedParameter",
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,23 +191,23 @@ class OpenAIShaped:
                 tool_choice = {"type": "function", "function": legacy_choice}
             elif legacy_choice is not None:
                 tool_choice = legacy_choice
-        max_tokens = next((known[name] for name in TOKEN_LIMITS if known.get(name) is not None), None)
+        max_tokens = whole(next((known[name] for name in TOKEN_LIMITS if known.get(name) is not None), None))
         return ChatRequest(
             model=known.get("model"),
             messages=known["messages"],
             stream=bool(known.get("stream")),
             include_usage=bool((known.get("stream_options") or {}).get("include_usage")),
-            n=known.get("n") or 1,
+            n=whole(known.get("n")) or 1,
             max_tokens=max_tokens,
             stop=[stop] if isinstance(stop, str) else list(stop or []),
-            seed=known.get("seed"),
+            seed=whole(known.get("seed")),
             temperature=known.get("temperature"),
             top_p=known.get("top_p"),
             frequency_penalty=known.get("frequency_penalty"),
             presence_penalty=known.get("presence_penalty"),
             logit_bias=known.get("logit_bias"),
             logprobs=bool(known.get("logprobs")),
-            top_logprobs=known.get("top_logprobs") or 0,
+            top_logprobs=whole(known.get("top_logprobs")) or 0,
             response_format=known.get("response_format"),
             tools=tools,
             tool_choice=tool_choice,
@@ -209,13 +226,7 @@ class OpenAIShaped:
         present = [name for name in body if name in unsupported and body[name] is not None]
         for name in present:
             if unsupported[name] == "rejected":
-                raise BadRequest(
-                    f"The parameter '{name}' is not supported by this API.",
-                    param=name,
-                    loc=["body", name],
-                    value=body[name],
-                    code="UnsupportedParameter",
-                )
+                raise unsupported_parameter(name, body[name])
         ignored = {name for name in present if unsupported[name] == "ignored"}
         return {k: v for k, v in body.items() if k not in ignored} if ignored else body
 
@@ -447,4 +458,17 @@ class OpenAIShaped:
 
     def error(self, error: GatewayError, request_id: str) -> RenderedError:
         """A gateway error as this dialect answers it: status, body and headers."""
+        error = self.named_unsupported(error)
         return RenderedError(error.status, self.error_body(error, request_id), dict(error.headers))
+
+    def named_unsupported(self, error: GatewayError) -> GatewayError:
+        """A schema error about a parameter the document marks rejected, said as what it is: the
+        parameter is not supported (its schema admits only null, so the schema's words would be
+        "… is not of types null, string")."""
+        loc = error.loc if isinstance(error, BadRequest) else None
+        if not loc or len(loc) < 2 or loc[0] != "body":
+            return error
+        name = loc[1]
+        if not isinstance(name, str) or self.facts.unsupported.get(name) != "rejected":
+            return error
+        return unsupported_parameter(name, error.value if len(loc) == 2 else None)

@@ -89,6 +89,13 @@ def check(request: ChatRequest, capabilities: Capabilities, prompt_tokens: int) 
     missing = modalities_of(request.messages) - capabilities.modalities
     if missing:
         raise NotFound(MODALITY_MESSAGE, param="messages", code="ModalityNotSupported")
+    modalities = request.options.get("modalities")
+    if isinstance(modalities, list) and "audio" in modalities:
+        # no backend's events carry audio: asking for it is refused, never answered in text
+        raise unsupported("modalities", modalities, "Audio output is not supported by this model")
+    custom = [tool for tool in request.tools if tool.get("type", "function") != "function"]
+    if custom:  # no backend's events carry a custom tool's call: refused, never answered without
+        raise unsupported("tools", custom, "Custom tools are not supported by this model")
     for name, value in requested(request).items():
         param = capabilities.parameters.get(name)
         if param is None or not param.supported:

@@ -7,6 +7,8 @@ from gateway.core.canonical import ChatRequest
 from gateway.core.errors import BadRequest
 
 HEADER = "extra-parameters"
+# The answer to a request whose extra parameters were dropped names them: nothing in silence.
+DROPPED_HEADER = "x-chatgate-dropped-params"
 # The seed document calls `drop` "ignore"; the real service says `drop`. Both are accepted.
 ALIASES: dict[str, ExtraParamsPolicy] = {
     "pass-through": "pass-through",
@@ -30,12 +32,14 @@ def resolve_policy(header_value: str | None, default: ExtraParamsPolicy) -> Extr
     return policy
 
 
-def apply_extra_params(request: ChatRequest, policy: ExtraParamsPolicy) -> None:
-    """Keep, drop or refuse `request.extra` as the policy says."""
+def apply_extra_params(request: ChatRequest, policy: ExtraParamsPolicy) -> list[str]:
+    """Keep, drop or refuse `request.extra` as the policy says; the names it dropped, sorted."""
     if not request.extra:
-        return
+        return []
     if policy == "drop":
+        dropped = sorted(request.extra)
         request.extra = {}
+        return dropped
     elif policy == "error":
         names = sorted(request.extra)
         raise BadRequest(
@@ -46,3 +50,16 @@ def apply_extra_params(request: ChatRequest, policy: ExtraParamsPolicy) -> None:
             value=request.extra[names[0]],
             code="ExtraParameterNotAllowed",
         )
+    return []
+
+
+DROPPED_HEADER_BYTES = 2048  # a longer list is cut, ending in "..."
+
+
+def dropped_header(names: list[str]) -> bytes:
+    """The dropped names as a header value: printable ASCII only (control characters and
+    non-ASCII escaped as Python writes them, so no name can break the header), bounded."""
+    shown = ", ".join(names).encode("unicode_escape")
+    if len(shown) > DROPPED_HEADER_BYTES:
+        shown = shown[: DROPPED_HEADER_BYTES - 3] + b"..."
+    return shown

@@ -117,6 +117,33 @@ READS = [
         },
     ),
     ReadCase(
+        "OpenAI's current fields (openapi 2.3.0) are options",
+        {
+            "verbosity": "low",
+            "web_search_options": {"search_context_size": "low"},
+            "moderation": {"model": "omni-moderation-latest"},
+            "prompt_cache_key": "k",
+            "prompt_cache_retention": "24h",
+            "prompt_cache_options": {"ttl": "1h"},
+            "safety_identifier": "s",
+            "reasoning_effort": "xhigh",
+            "service_tier": "priority",
+        },
+        {
+            "options": {
+                "verbosity": "low",
+                "web_search_options": {"search_context_size": "low"},
+                "moderation": {"model": "omni-moderation-latest"},
+                "prompt_cache_key": "k",
+                "prompt_cache_retention": "24h",
+                "prompt_cache_options": {"ttl": "1h"},
+                "safety_identifier": "s",
+                "reasoning_effort": "xhigh",
+                "service_tier": "priority",
+            }
+        },
+    ),
+    ReadCase(
         "a parameter openai.yaml does not define is extra, even one another dialect defines",
         {"mood": "calm", "top_k": "forty"},
         {"extra": {"mood": "calm", "top_k": "forty"}},

@@ -17,6 +17,10 @@ from tests.dialects.cases import MINIMAL_BODY
 from tests.documents import response_errors
 
 ASSISTANT = {"role": "assistant"}
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+CUSTOM_TOOL = {"type": "custom", "custom": {"name": "c"}}
+OTHER_TOOL = {"type": "function", "function": {"name": "g"}}
+NAMED_F = {"type": "function", "function": {"name": "f"}}
 CALL = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
 
 
@@ -151,6 +155,49 @@ CASES = [
         {"max_tokens": 5, "maximum_tokens": 5},
         {"maximum_tokens": 5},
         "maximum_tokens",
+    ),
+    # issue 26's seed rules: tools a tool_choice needs, audio beside the audio modality, and
+    # logit_bias keys on every dialect that has logit_bias
+    *(
+        row(dialect, "required-tool_choice-needs-tools", breaks, {**breaks, "tools": [TOOL]}, "tool_choice")
+        for dialect in ("openai", "azure")
+        for breaks in ({"tool_choice": "required"}, {"tool_choice": "required", "tools": None})
+    ),
+    *(
+        row(dialect, "named-tool_choice-among-tools", breaks, {**breaks, "tools": [TOOL]}, "tool_choice")
+        for dialect in ("openai", "azure", "ovms")
+        for breaks in ({"tool_choice": NAMED_F}, {"tool_choice": NAMED_F, "tools": [OTHER_TOOL]})
+    ),
+    row(
+        "openai",
+        "named-custom-tool_choice-among-tools",
+        {"tool_choice": {"type": "custom", "custom": {"name": "c"}}, "tools": [TOOL]},
+        {"tool_choice": {"type": "custom", "custom": {"name": "c"}}, "tools": [CUSTOM_TOOL]},
+        "tool_choice",
+    ),
+    row(
+        "openai",
+        "named-function_call-among-functions",
+        {"function_call": {"name": "f"}, "functions": [{"name": "g"}]},
+        {"function_call": {"name": "f"}, "functions": [{"name": "f"}]},
+        "function_call",
+    ),
+    row(
+        "openai",
+        "audio-modality-needs-audio",
+        {"modalities": ["text", "audio"]},
+        {"modalities": ["text", "audio"], "audio": {"voice": "alloy", "format": "wav"}},
+        "audio",
+    ),
+    *(
+        row(
+            dialect,
+            "logit_bias-keys-are-token-ids",
+            {"logit_bias": {"abc": 1}},
+            {"logit_bias": {"7": 1}},
+            "logit_bias",
+        )
+        for dialect in ("aleph_alpha", "lmi")
     ),
 ]
 
