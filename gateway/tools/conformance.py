@@ -12,15 +12,30 @@ type, any depth); `--seed` makes a run repeatable.
 
 from __future__ import annotations
 
-import textwrap
+import copy
+import json
+import shlex
+import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from gateway.dialects import DIALECTS
 from gateway.dialects.rules import Rule, first_breach
 from gateway.spec import DialectSpec, load_document
+from gateway.tools.conformance_report import (
+    BODY_CHARS,
+    CURL_BYTES,
+    Feature,
+    Finding,
+    OperationResult,
+    Report,
+    printable,
+)
+from gateway.tools.conformance_report import render as render_lines
 from gateway.tools.conformance_schema import for_schemathesis, register_json_lines
 from gateway.tools.vendor_specs import REFSPECS_HOW, VENDOR_DOCUMENTS, RefspecsError, VendorSpecs
 
@@ -35,63 +50,6 @@ MISSING = (
 
 class ConformanceUnavailable(RuntimeError):
     """The run cannot start (schemathesis missing, the endpoint unreachable)."""
-
-
-@dataclass
-class Finding:
-    check: str
-    title: str
-    message: str
-    curl: str
-
-
-@dataclass
-class OperationResult:
-    label: str
-    cases: int = 0
-    findings: dict[tuple[str, str], Finding] = field(default_factory=dict)
-    errors: list[str] = field(default_factory=list)
-    answers: int = 0  # responses recorded
-    unauthorized: int = 0  # of them 401
-
-
-@dataclass
-class Report:
-    dialect: str
-    url: str
-    spec_file: str
-    vendor_file: str | None
-    max_examples: int
-    operations: dict[str, OperationResult] = field(default_factory=dict)
-    errors: list[str] = field(default_factory=list)
-    auth: str = ""  # how the run authenticated, as the report says it
-    key_sent: bool = False
-
-    def operation(self, label: str) -> OperationResult:
-        return self.operations.setdefault(label, OperationResult(label))
-
-    @property
-    def findings(self) -> list[tuple[str, Finding]]:
-        return [(op.label, f) for op in self.operations.values() for f in op.findings.values()]
-
-    @property
-    def answers(self) -> int:
-        return sum(op.answers for op in self.operations.values())
-
-    @property
-    def unauthorized(self) -> int:
-        return sum(op.unauthorized for op in self.operations.values())
-
-    @property
-    def locked_out(self) -> bool:
-        """Most answers were 401: the run tested the endpoint's key check, not its document (a
-        schema check has nothing to say of a 401 body, so such a run would otherwise look clean)."""
-        return self.answers > 0 and self.unauthorized * 2 > self.answers
-
-    @property
-    def clean(self) -> bool:
-        problems = self.findings or self.errors or any(op.errors for op in self.operations.values())
-        return not problems and not self.locked_out
 
 
 # ----- the vendor check -----------------------------------------------------------------------
@@ -194,12 +152,13 @@ EXTRA_FIELDS = ("strip", "pass-through", "drop")
 
 
 def shape_cases(
-    dialect: str, document: dict[str, Any], extra_fields: str = "strip"
+    dialect: str, document: dict[str, Any], extra_fields: str = "strip", model: str | None = None
 ) -> Callable[[Any, Any], Any]:
     """A schemathesis `map_case` hook: bodies carry only the parameters the document defines (the
     rest is the extra-parameters policy's business) unless `extra_fields` keeps them; positive
     bodies follow the message order the document states in prose, and those that break one of
-    its `x-chatgate-rules` are judged as the negative cases they are."""
+    its `x-chatgate-rules` are judged as the negative cases they are. With `model`, every
+    positive case names that model (a server that serves only its own answers nothing else)."""
     from schemathesis.generation import GenerationMode
 
     fields = defined_body_fields(document)
@@ -208,6 +167,9 @@ def shape_cases(
     rules = DialectSpec(document, chat).rules
 
     def map_case(context: Any, case: Any) -> Any:
+        positive = case.meta is None or case.meta.generation.mode == GenerationMode.POSITIVE
+        if model is not None and positive and "model" in (case.path_parameters or {}):
+            case.path_parameters = {**case.path_parameters, "model": model}
         defined = fields.get((case.operation.method.upper(), case.operation.path))
         if not defined or not isinstance(case.body, dict):
             return case
@@ -215,7 +177,8 @@ def shape_cases(
             case.body = {k: v for k, v in case.body.items() if k in defined}
         else:
             case.headers = {**(case.headers or {}), "extra-parameters": extra_fields}
-        positive = case.meta is None or case.meta.generation.mode == GenerationMode.POSITIVE
+        if model is not None and positive and "model" in defined:
+            case.body["model"] = model
         if shaping is not None and positive:
             case.body = shaping(case.body)
         if positive:
@@ -276,6 +239,9 @@ def load_schema(
     extra_fields: str = "strip",
     seed: int | None = None,
     document: dict[str, Any] | None = None,
+    budget: Budget | None = None,
+    excluded_checks: tuple[str, ...] = (),
+    model: str | None = None,
 ) -> Any:
     import schemathesis
     from schemathesis.config import SchemathesisConfig
@@ -293,14 +259,203 @@ def load_schema(
     sanitization.sensitive_markers = tuple(m for m in sanitization.sensitive_markers if m != "token")
     schema = schemathesis.openapi.from_dict(document, config=config)
     schema.config.update(base_url=url.rstrip("/"), headers=headers or None)
-    schema.config.checks.update(included_check_names=["all"])
+    budget = budget or Budget()
+    # past the first failure of an operation: every case of the budget is tried
+    schema.config.update(continue_on_failure=True, request_timeout=budget.timeout)
+    if budget.max_time is not None:
+        schema.config.max_time = max(1, round(budget.max_time))
+    schema.config.checks.update(
+        included_check_names=["all"], excluded_check_names=list(excluded_checks) or None
+    )
     if seed is None:
         schema.config.generation.update(max_examples=max_examples, deterministic=True)
     else:
         schema.config.generation.update(max_examples=max_examples)
         schema.config.seed = seed
-    schema.hook("map_case")(shape_cases(dialect, document, extra_fields))
+    schema.hook("map_case")(shape_cases(dialect, document, extra_fields, model))
     return schema
+
+
+AGAINST = ("seed", "vendor")
+# chatgate's own request headers: a target that is not chatgate is not held to them (llama.cpp
+# answers an x-request-id that is not a UUID with an empty 400)
+CHATGATE_HEADERS = frozenset({"x-request-id", "extra-parameters"})
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How much a run may try: seconds per request, and for the fuzzing as a whole."""
+
+    timeout: float = 30.0
+    max_time: float | None = None
+
+
+def without_chatgate_headers(document: dict[str, Any]) -> dict[str, Any]:
+    """The document without chatgate's own headers (x-request-id, extra-parameters), for a
+    target that is not chatgate: the seed's contract, not the gateway's extensions."""
+    document = copy.deepcopy(document)
+    named = {
+        f"#/components/parameters/{name}"
+        for name, parameter in document.get("components", {}).get("parameters", {}).items()
+        if parameter.get("in") == "header" and parameter.get("name", "").lower() in CHATGATE_HEADERS
+    }
+
+    def ours(parameter: Any) -> bool:
+        if not isinstance(parameter, dict):
+            return False
+        header = parameter.get("in") == "header" and parameter.get("name", "").lower() in CHATGATE_HEADERS
+        return header or parameter.get("$ref") in named
+
+    for item in document.get("paths", {}).values():
+        for operation in [item, *item.values()]:
+            if not isinstance(operation, dict):
+                continue
+            if isinstance(operation.get("parameters"), list):
+                operation["parameters"] = [p for p in operation["parameters"] if not ours(p)]
+            for response in operation.get("responses", {}).values():
+                if isinstance(response, dict) and isinstance(response.get("headers"), dict):
+                    response["headers"] = {
+                        k: v for k, v in response["headers"].items() if k.lower() not in CHATGATE_HEADERS
+                    }
+    for response in document.get("components", {}).get("responses", {}).values():
+        if isinstance(response, dict) and isinstance(response.get("headers"), dict):
+            response["headers"] = {
+                k: v for k, v in response["headers"].items() if k.lower() not in CHATGATE_HEADERS
+            }
+    return document
+
+
+def chat_path(dialect: str, document: dict[str, Any]) -> str | None:
+    """The path of the dialect's chat operation in `document`."""
+    chat = DIALECTS[dialect].chat_operations
+    for path, item in document.get("paths", {}).items():
+        for operation in item.values():
+            if isinstance(operation, dict) and operation.get("operationId") in chat:
+                return str(path)
+    return None
+
+
+def asks_for_key(url: str, path: str | None, headers: dict[str, str], timeout: float) -> bool:
+    """A chat request without a key is answered 401 or 403: the server asks for one."""
+    import httpx
+
+    if path is None:
+        return False
+    keyless = {k: v for k, v in headers.items() if k.lower() not in KEY_HEADERS}
+    try:
+        answer = httpx.post(url.rstrip("/") + path, json={}, headers=keyless, timeout=timeout)
+    except httpx.HTTPError:
+        return False
+    return answer.status_code in (401, 403)
+
+
+def listed_model(url: str, headers: dict[str, str], timeout: float) -> str | None:
+    """The first model `<url>/models` lists (OpenAI's shape), when it lists one."""
+    import httpx
+
+    try:
+        listed = httpx.get(url.rstrip("/") + "/models", headers=headers, timeout=timeout).json()
+        first = listed["data"][0]["id"]
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
+        return None
+    return first if isinstance(first, str) else None
+
+
+def features_of(
+    url: str, dialect: str, model: str | None, headers: dict[str, str], timeout: float
+) -> tuple[list[Feature], str]:
+    """The dialect's feature probes (gateway/probes, as `chatgate probe` runs them): the
+    matrix, or none and why."""
+    import asyncio
+
+    from gateway.probes.findings import ProbeUnavailable
+    from gateway.probes.runner import Target, probe
+    from gateway.probes.sets import PROBE_SETS
+
+    probes = PROBE_SETS.get(dialect)
+    if probes is None:
+        return [], f"not probed: probes are written for {', '.join(PROBE_SETS)}"
+    if model is None:
+        return [], "not probed: name the model with --model (the server lists none at /models)"
+    try:
+        found = asyncio.run(probe(Target(url.rstrip("/"), model, headers, timeout), probes))
+    except ProbeUnavailable as error:
+        raise ProbeFailed(str(error)) from None
+    return [Feature(f.feature, f.verdict, f.detail) for f in found.findings], ""
+
+
+class ProbeFailed(Exception):
+    """A plain chat request failed: no feature can be told."""
+
+
+KEY_HEADERS = frozenset({"authorization", "api-key", "x-api-key"})
+SHOWN_HEADERS = frozenset({"content-type", "extra-parameters"})
+
+
+def header_items(headers: Any) -> list[tuple[str, str]]:
+    items = []
+    for name, value in dict(headers or {}).items():
+        for one in value if isinstance(value, list) else [value]:
+            items.append((str(name), str(one)))
+    return items
+
+
+def shown_body(body: bytes | None) -> str:
+    """A request body as a printable shell word: JSON re-written in ASCII, anything else as
+    bash's $'...' with its bytes escaped."""
+    if not body:
+        return ""
+    try:
+        text = json.dumps(orjson.loads(body), ensure_ascii=True, separators=(",", ":"))
+    except orjson.JSONDecodeError:
+        plain = (chr(b) if 32 <= b < 127 and b not in b"'\\" else f"\\x{b:02x}" for b in body)
+        return "$'" + "".join(plain) + "'"
+    return shlex.quote(text)
+
+
+def short_curl(request: Any) -> str:
+    """One printable curl line of at most CURL_BYTES: the key as $CHATGATE_KEY, never itself;
+    a body too long for that is cut, and the line says so."""
+    parts = ["curl", "-X", request.method, shlex.quote(request.uri)]
+    for name, value in header_items(request.headers):
+        lowered = name.lower()
+        if lowered in KEY_HEADERS:
+            secret = "Bearer $CHATGATE_KEY" if lowered == "authorization" else "$CHATGATE_KEY"
+            parts += ["-H", f'"{name}: {secret}"']
+        elif lowered in SHOWN_HEADERS or lowered not in SCHEMATHESIS_HEADERS:
+            parts += ["-H", shlex.quote(printable(f"{name}: {value}", 200))]
+    body = shown_body(request.body)
+    line = " ".join(parts)
+    if body:
+        room = CURL_BYTES - len(line) - 16
+        if len(body) > room:
+            body = body[: max(room - 40, 0)] + f"...(cut: {len(body)} chars)"
+        line += " --data-binary " + body
+    return line
+
+
+SCHEMATHESIS_HEADERS = frozenset(  # sent by any client: left out of a reproduction
+    {"user-agent", "accept", "accept-encoding", "connection", "content-length", "host"}
+    | {"x-schemathesis-testcaseid"}
+)
+
+
+def record_failure(result: OperationResult, name: str, info: Any, interaction: Any) -> None:
+    """Count one failing case of check `name`; keep the shortest example of each check."""
+    failure = info.failure
+    finding = result.findings.setdefault(name, Finding(name, result.label, failure.title))
+    finding.count += 1
+    if interaction is not None:
+        curl = short_curl(interaction.request)
+    else:
+        curl = printable(" ".join(info.code_sample.split()), CURL_BYTES)
+    if finding.curl and len(curl) >= len(finding.curl):
+        return
+    finding.title, finding.message, finding.curl = failure.title, str(failure.message or ""), curl
+    response = interaction.response if interaction is not None else None
+    finding.status = response.status_code if response is not None else None
+    content = response.content if response is not None else b""
+    finding.body = printable(content.decode("utf-8", "replace"), BODY_CHARS) if content else ""
 
 
 def run(
@@ -313,17 +468,27 @@ def run(
     progress: Callable[[str], None] | None = None,
     extra_fields: str = "strip",
     seed: int | None = None,
+    model: str | None = None,
+    budget: Budget | None = None,
+    against: str = "seed",
+    probe_features: bool = True,
 ) -> Report:
-    """Run every schemathesis check and the vendor check against `url`, the base of the dialect's
-    API (where its paths begin: chatgate's /v1, /azure, /aleph-alpha, /lmi or /v3)."""
+    """The feature probes, then every schemathesis check and the vendor check against `url`, the
+    base of the dialect's API (where its paths begin: chatgate's /v1, /azure, /aleph-alpha,
+    /lmi or /v3). `against`: the seed's contract (and the vendor's document where found), or
+    the vendor's document alone judging the answers."""
     try:
         from schemathesis.engine import Status, events, from_schema
     except ImportError as error:
         raise ConformanceUnavailable(MISSING) from error
+    started = time.monotonic()
+    budget = budget or Budget()
     if dialect not in SPEC_FILES:
         raise ConformanceUnavailable(f"unknown dialect {dialect!r}; one of: {', '.join(SPEC_FILES)}")
     if extra_fields not in EXTRA_FIELDS:
         raise ConformanceUnavailable(f"--extra-fields {extra_fields!r}: one of {', '.join(EXTRA_FIELDS)}")
+    if against not in AGAINST:
+        raise ConformanceUnavailable(f"--against {against!r}: one of {', '.join(AGAINST)}")
     reachable(url)
     register_checks()
     vendors = None
@@ -338,13 +503,44 @@ def run(
                 f"vendor documents: {vendors.refspecs_dir} has no {missing} "
                 "(scripts/fetch-refspecs --dest DIR writes every one)"
             )
+    if against == "vendor" and vendors is None:
+        why = "this dialect has none" if dialect not in VENDOR_DOCUMENTS else REFSPECS_HOW
+        raise ConformanceUnavailable(f"--against vendor needs the vendor's document: {why}")
     request_headers = dict(headers or {})
     if key:
         request_headers["Authorization"] = f"Bearer {key}"
     document = load_document(SPEC_FILES[dialect])
     served = served_document(url, document)
+    excluded = []
     if served is not None:
         document = with_served_security(document, served)
+    else:
+        document = without_chatgate_headers(document)
+        if not key and not asks_for_key(url, chat_path(dialect, document), request_headers, budget.timeout):
+            excluded.append("ignored_auth")  # an open server: nothing to hold it to
+            document = with_served_security(document, {})  # and no made-up keys sent
+    if against == "vendor":
+        excluded += ["response_schema_conformance", "response_headers_conformance"]
+    report = Report(
+        dialect=dialect,
+        url=url,
+        spec_file=f"openapi/{SPEC_FILES[dialect]}",
+        vendor_file=VENDOR_DOCUMENTS[dialect].file if vendors else None,
+        max_examples=max_examples,
+        auth=auth_line(served, document, key_sent=bool(key), open_server="ignored_auth" in excluded),
+        key_sent=bool(key),
+        against=against,
+        model=model,
+    )
+    if probe_features:
+        report.model = model or listed_model(url, request_headers, budget.timeout)
+        try:
+            report.features, report.features_note = features_of(
+                url, dialect, report.model, request_headers, budget.timeout
+            )
+        except ProbeFailed as error:
+            report.features_note = f"not probed: {error}"
+            report.errors.append(f"feature probes: {error}")
     schema = load_schema(
         dialect,
         url,
@@ -354,15 +550,9 @@ def run(
         extra_fields,
         seed,
         document,
-    )
-    report = Report(
-        dialect=dialect,
-        url=url,
-        spec_file=f"openapi/{SPEC_FILES[dialect]}",
-        vendor_file=VENDOR_DOCUMENTS[dialect].file if vendors else None,
-        max_examples=max_examples,
-        auth=auth_line(served, document, key_sent=bool(key)),
-        key_sent=bool(key),
+        budget,
+        tuple(excluded),
+        model or report.model,
     )
     for event in from_schema(schema).execute():
         if isinstance(event, events.ScenarioFinished):
@@ -373,15 +563,14 @@ def run(
                 if interaction.response is not None:
                     result.answers += 1
                     result.unauthorized += interaction.response.status_code == 401
-            for checks in recorder.checks.values():
-                for check in checks:
-                    if check.status == Status.FAILURE and check.failure_info is not None:
-                        failure = check.failure_info.failure
-                        result.findings.setdefault(
-                            (check.name, failure.title),
-                            Finding(check.name, failure.title, str(failure.message or ""),
-                                    check.failure_info.code_sample),
-                        )  # fmt: skip
+            for case_id, checks in recorder.checks.items():
+                failed = {
+                    check.name: check.failure_info
+                    for check in checks
+                    if check.status == Status.FAILURE and check.failure_info is not None
+                }
+                for name, info in failed.items():
+                    record_failure(result, name, info, recorder.interactions.get(case_id))
             if progress is not None:
                 progress(f"  {event.phase.value:<9} {recorder.label}: {event.status.value}")
         elif isinstance(event, events.NonFatalError):
@@ -391,10 +580,15 @@ def run(
                 target.append(message)
         elif isinstance(event, events.FatalError):
             report.errors.append(f"{type(event.exception).__name__}: {event.exception}")
+    report.seconds = time.monotonic() - started
     return report
 
 
-def auth_line(served: dict[str, Any] | None, document: dict[str, Any], key_sent: bool) -> str:
+def auth_line(
+    served: dict[str, Any] | None, document: dict[str, Any], key_sent: bool, open_server: bool = False
+) -> str:
+    if open_server:
+        return "the server answers without a key and none was given: keys not checked"
     if served is not None and not declares_security(document):
         return "none declared by the endpoint's own document (keys are not enforced there): not checked"
     sent = "a key is sent (--key)" if key_sent else "no key is sent (give one with --key)"
@@ -421,43 +615,4 @@ def render(report: Report) -> str:
         vendor = f"not found, so not checked: {REFSPECS_HOW}, or pass --refspecs DIR"
     else:
         vendor = "none (no machine-readable vendor document for this dialect)"
-    lines = [
-        f"chatgate conformance: {report.dialect} dialect at {report.url}",
-        f"  document: {report.spec_file}   vendor document: {vendor}",
-        f"  checks: every schemathesis check + {VENDOR_CHECK}   max examples: {report.max_examples}",
-        *([f"  auth: {report.auth}"] if report.auth else []),
-        "",
-    ]
-    width = max((len(label) for label in report.operations), default=10)
-    for result in report.operations.values():
-        problems = len(result.findings) + len(result.errors)
-        verdict = "ok" if not problems else f"{problems} problem{'s' * (problems > 1)}"
-        lines.append(f"  {result.label:<{width}}  {result.cases:>5} cases  {verdict}")
-        for finding in result.findings.values():
-            lines.append(f"    FAILED {finding.check}: {finding.title}")
-            message = textwrap.shorten(" ".join(finding.message.split()), 300) if finding.message else ""
-            if message:
-                lines.append(f"      {message}")
-            for curl in finding.curl.strip().splitlines():
-                lines.append(f"      {curl.strip()}")
-        for error in result.errors:
-            lines.append(f"    ERROR {textwrap.shorten(error, 300)}")
-    for error in report.errors:
-        lines.append(f"  ERROR {textwrap.shorten(error, 300)}")
-    lines.append("")
-    if report.locked_out:
-        why = "the key was refused" if report.key_sent else "the endpoint needs a key: pass --key KEY"
-        lines.append(
-            f"result: NOT conformant — not tested: {report.unauthorized} of {report.answers} answers "
-            f"were 401 Unauthorized ({why}); the document's checks ran on almost nothing but the key check"
-        )
-    elif report.clean:
-        lines.append("result: conformant — no failures")
-    else:
-        named = sorted({f"{f.check} on {label}" for label, f in report.findings})
-        errors = len(report.errors) + sum(len(op.errors) for op in report.operations.values())
-        summary = f"{len(report.findings)} failure(s)"
-        if errors:
-            summary += f", {errors} error(s)"
-        lines.append(f"result: NOT conformant — {summary}: {'; '.join(named) or 'see errors above'}")
-    return "\n".join(lines)
+    return render_lines(report, vendor)
