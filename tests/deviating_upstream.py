@@ -29,11 +29,13 @@ class DeviatingUpstream:
         self.key = key
         self.url = ""
         self.bodies: list[dict[str, Any]] = []  # every chat request, as received
+        self.header_names: set[str] = set()  # of every chat request
 
     def app(self) -> Starlette:
         return Starlette(routes=[Route("/v1/chat/completions", self.chat, methods=["POST"])])
 
     async def chat(self, request: Request) -> Response:
+        self.header_names.update(request.headers.keys())
         if self.key is not None and request.headers.get("authorization") != f"Bearer {self.key}":
             return detail(401, "Not authenticated")
         try:
