@@ -169,3 +169,23 @@ def test_a_reproduction_of_a_huge_fuzzed_body_stays_under_a_kilobyte_and_hides_t
     assert "cg-secret" not in curl and "Bearer $CHATGATE_KEY" in curl and "(cut:" in curl
     raw = short_curl(Request(b"\xff\x00'x", {}))
     assert raw.endswith("--data-binary $'\\xff\\x00\\x27x'")
+
+
+def test_a_server_that_asks_for_a_key_is_held_to_it_and_a_500_for_none_is_flagged(tmp_path: Path):
+    """With --key against a server that asks for one, keys are checked (ignored_auth runs) and
+    auth reads `key asked`; a server that answers a missing key with 500 (LiteLLM's proxy) has
+    its auth `broken`, a failure, not a report."""
+    args = ("--model", "stand-in", "--max-examples", "2", "--key", "sk-stand-in")
+    with running_deviating_upstream(key="sk-stand-in") as upstream:
+        asked, report = run_with_files(upstream.url, tmp_path, *args)
+    assert report["features"]["auth"] == "key asked"
+    assert "keys not checked" not in asked.stdout and "a key is sent (--key)" in asked.stdout
+    assert "sk-stand-in" not in asked.stdout + (tmp_path / "report.json").read_text()
+    with running_deviating_upstream(key="sk-stand-in", unauthorized_status=500) as upstream:
+        broken, report = run_with_files(upstream.url, tmp_path, *args)
+    assert report["features"]["auth"] == "broken"
+    assert broken.returncode == 1
+    assert (
+        "9 feature(s) not honoured: n, logprobs, tools, json_object, json_schema, stream_done, "
+        "stream_usage, error_shape, auth —" in broken.stdout.splitlines()[-1]
+    )

@@ -17,7 +17,7 @@ from typing import Any
 
 BODY_CHARS = 300
 CURL_BYTES = 1024
-# Reported, never failed: whether a key is asked for is the deployment's choice.
+# Reported, not failed, when a key is asked for or the server is open (the deployment's choice).
 REPORTED_ONLY = frozenset({"auth"})
 AUTH_SHOWN = {"honoured": "key asked", "ignored": "open"}
 
@@ -69,7 +69,10 @@ class Feature:
 
     @property
     def failed(self) -> bool:
-        return self.name not in REPORTED_ONLY and self.verdict != "honoured"
+        """Not honoured; for auth, only no usable answer (a 500 where a 401 belongs)."""
+        if self.name in REPORTED_ONLY:
+            return self.verdict not in AUTH_SHOWN
+        return self.verdict != "honoured"
 
 
 @dataclass
