@@ -189,3 +189,14 @@ def test_a_server_that_asks_for_a_key_is_held_to_it_and_a_500_for_none_is_flagge
         "9 feature(s) not honoured: n, logprobs, tools, json_object, json_schema, stream_done, "
         "stream_usage, error_shape, auth —" in broken.stdout.splitlines()[-1]
     )
+
+
+def test_against_the_vendor_its_document_judges_the_answers(refspecs: Path, tmp_path: Path):
+    """--against vendor: the vendor's current document judges (the seed's response schemas do
+    not), and it too finds the {"detail": ...} error bodies."""
+    args = ("--model", "stand-in", "--max-examples", "2", "--against", "vendor", "--refspecs", str(refspecs))
+    with running_deviating_upstream() as upstream:
+        result, report = run_with_files(upstream.url, tmp_path, *args)
+    checks = {f["check"] for f in report["findings"]}
+    assert "vendor_spec_conformance" in checks and "response_schema_conformance" not in checks
+    assert result.returncode == 1 and report["against"] == "vendor"
