@@ -311,6 +311,7 @@ def conformance(
             budget=Budget(timeout, max_time),
             against=against,
             probe_features=probes,
+            progress=lambda line: typer.echo(line, err=True),  # a long run shows it goes on
         )
     except ConformanceUnavailable as error:
         typer.echo(f"chatgate conformance: {error}", err=True)

@@ -532,8 +532,10 @@ def run(
         against=against,
         model=model,
     )
+    say = progress or (lambda line: None)
     if probe_features:
         report.model = model or listed_model(url, request_headers, budget.timeout)
+        say(f"  probing the features (model {report.model})")
         try:
             report.features, report.features_note = features_of(
                 url, dialect, report.model, request_headers, budget.timeout
@@ -554,6 +556,7 @@ def run(
         tuple(excluded),
         model or report.model,
     )
+    say("  fuzzing (schemathesis, every check, past the first failure)")
     for event in from_schema(schema).execute():
         if isinstance(event, events.ScenarioFinished):
             recorder = event.recorder
@@ -571,8 +574,7 @@ def run(
                 }
                 for name, info in failed.items():
                     record_failure(result, name, info, recorder.interactions.get(case_id))
-            if progress is not None:
-                progress(f"  {event.phase.value:<9} {recorder.label}: {event.status.value}")
+            say(f"  {event.phase.value:<9} {recorder.label}: {event.status.value}")
         elif isinstance(event, events.NonFatalError):
             target = report.operation(event.label).errors if event.related_to_operation else report.errors
             message = f"{event.label}: {type(event.value).__name__}: {event.value}"
