@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from gateway.tools.conformance import short_curl
+from gateway.tools.conformance_examples import short_curl
 from gateway.tools.conformance_report import CURL_BYTES
 from tests.deviating_upstream import DeviatingUpstream, running_deviating_upstream
 from tests.test_conformance_command import conformance

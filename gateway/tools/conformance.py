@@ -12,31 +12,30 @@ type, any depth); `--seed` makes a run repeatable.
 
 from __future__ import annotations
 
-import copy
-import json
-import shlex
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from gateway.dialects import DIALECTS
 from gateway.dialects.rules import Rule, first_breach
 from gateway.spec import DialectSpec, load_document
-from gateway.tools.conformance_report import (
-    BODY_CHARS,
-    CURL_BYTES,
-    Feature,
-    Finding,
-    OperationResult,
-    Report,
-    printable,
-)
+from gateway.tools.conformance_examples import record_failure
+from gateway.tools.conformance_report import Report
 from gateway.tools.conformance_report import render as render_lines
 from gateway.tools.conformance_schema import for_schemathesis, register_json_lines
+from gateway.tools.conformance_target import (
+    ProbeFailed,
+    asks_for_key,
+    chat_path,
+    declares_security,
+    features_of,
+    listed_model,
+    served_document,
+    with_served_security,
+    without_chatgate_headers,
+)
 from gateway.tools.vendor_specs import REFSPECS_HOW, VENDOR_DOCUMENTS, RefspecsError, VendorSpecs
 
 VENDOR_CHECK = "vendor_spec_conformance"
@@ -188,48 +187,6 @@ def shape_cases(
     return map_case
 
 
-def served_document(url: str, document: dict[str, Any]) -> dict[str, Any] | None:
-    """The dialect's document as the endpoint serves it (`<url>/openapi.json`, as chatgate does),
-    when it serves this one; None otherwise (a real upstream serves none)."""
-    import httpx
-
-    try:
-        response = httpx.get(url.rstrip("/") + "/openapi.json", timeout=10)
-        served = response.json() if response.status_code == 200 else None
-    except (httpx.HTTPError, ValueError):
-        return None
-    same = isinstance(served, dict) and served.get("info", {}).get("title") == document["info"]["title"]
-    return served if same else None
-
-
-def with_served_security(document: dict[str, Any], served: dict[str, Any]) -> dict[str, Any]:
-    """The document with the security the endpoint declares for itself: a gateway with no keys
-    serves its document without `security`, and is tested as the open endpoint it is."""
-    document = dict(document)
-    document.pop("security", None)
-    if "security" in served:
-        document["security"] = served["security"]
-    paths = {}
-    for path, item in document.get("paths", {}).items():
-        paths[path] = dict(item)
-        for method, operation in item.items():
-            if isinstance(operation, dict) and "security" in operation:
-                served_operation = served.get("paths", {}).get(path, {}).get(method, {})
-                operation = {k: v for k, v in operation.items() if k != "security"}
-                if "security" in served_operation:
-                    operation["security"] = served_operation["security"]
-                paths[path][method] = operation
-    document["paths"] = paths
-    return document
-
-
-def declares_security(document: dict[str, Any]) -> bool:
-    operations = [
-        op for item in document.get("paths", {}).values() for op in item.values() if isinstance(op, dict)
-    ]
-    return bool(document.get("security")) or any(op.get("security") for op in operations)
-
-
 def load_schema(
     dialect: str,
     url: str,
@@ -277,9 +234,6 @@ def load_schema(
 
 
 AGAINST = ("seed", "vendor")
-# chatgate's own request headers: a target that is not chatgate is not held to them (llama.cpp
-# answers an x-request-id that is not a UUID with an empty 400)
-CHATGATE_HEADERS = frozenset({"x-request-id", "extra-parameters"})
 
 
 @dataclass(frozen=True)
@@ -288,174 +242,6 @@ class Budget:
 
     timeout: float = 30.0
     max_time: float | None = None
-
-
-def without_chatgate_headers(document: dict[str, Any]) -> dict[str, Any]:
-    """The document without chatgate's own headers (x-request-id, extra-parameters), for a
-    target that is not chatgate: the seed's contract, not the gateway's extensions."""
-    document = copy.deepcopy(document)
-    named = {
-        f"#/components/parameters/{name}"
-        for name, parameter in document.get("components", {}).get("parameters", {}).items()
-        if parameter.get("in") == "header" and parameter.get("name", "").lower() in CHATGATE_HEADERS
-    }
-
-    def ours(parameter: Any) -> bool:
-        if not isinstance(parameter, dict):
-            return False
-        header = parameter.get("in") == "header" and parameter.get("name", "").lower() in CHATGATE_HEADERS
-        return header or parameter.get("$ref") in named
-
-    for item in document.get("paths", {}).values():
-        for operation in [item, *item.values()]:
-            if not isinstance(operation, dict):
-                continue
-            if isinstance(operation.get("parameters"), list):
-                operation["parameters"] = [p for p in operation["parameters"] if not ours(p)]
-            for response in operation.get("responses", {}).values():
-                if isinstance(response, dict) and isinstance(response.get("headers"), dict):
-                    response["headers"] = {
-                        k: v for k, v in response["headers"].items() if k.lower() not in CHATGATE_HEADERS
-                    }
-    for response in document.get("components", {}).get("responses", {}).values():
-        if isinstance(response, dict) and isinstance(response.get("headers"), dict):
-            response["headers"] = {
-                k: v for k, v in response["headers"].items() if k.lower() not in CHATGATE_HEADERS
-            }
-    return document
-
-
-def chat_path(dialect: str, document: dict[str, Any]) -> str | None:
-    """The path of the dialect's chat operation in `document`."""
-    chat = DIALECTS[dialect].chat_operations
-    for path, item in document.get("paths", {}).items():
-        for operation in item.values():
-            if isinstance(operation, dict) and operation.get("operationId") in chat:
-                return str(path)
-    return None
-
-
-def asks_for_key(url: str, path: str | None, headers: dict[str, str], timeout: float) -> bool:
-    """A chat request without a key is answered 401 or 403: the server asks for one."""
-    import httpx
-
-    if path is None:
-        return False
-    keyless = {k: v for k, v in headers.items() if k.lower() not in KEY_HEADERS}
-    try:
-        answer = httpx.post(url.rstrip("/") + path, json={}, headers=keyless, timeout=timeout)
-    except httpx.HTTPError:
-        return False
-    return answer.status_code in (401, 403)
-
-
-def listed_model(url: str, headers: dict[str, str], timeout: float) -> str | None:
-    """The first model `<url>/models` lists (OpenAI's shape), when it lists one."""
-    import httpx
-
-    try:
-        listed = httpx.get(url.rstrip("/") + "/models", headers=headers, timeout=timeout).json()
-        first = listed["data"][0]["id"]
-    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
-        return None
-    return first if isinstance(first, str) else None
-
-
-def features_of(
-    url: str, dialect: str, model: str | None, headers: dict[str, str], timeout: float
-) -> tuple[list[Feature], str]:
-    """The dialect's feature probes (gateway/probes, as `chatgate probe` runs them): the
-    matrix, or none and why."""
-    import asyncio
-
-    from gateway.probes.findings import ProbeUnavailable
-    from gateway.probes.runner import Target, probe
-    from gateway.probes.sets import PROBE_SETS
-
-    probes = PROBE_SETS.get(dialect)
-    if probes is None:
-        return [], f"not probed: probes are written for {', '.join(PROBE_SETS)}"
-    if model is None:
-        return [], "not probed: name the model with --model (the server lists none at /models)"
-    try:
-        found = asyncio.run(probe(Target(url.rstrip("/"), model, headers, timeout), probes))
-    except ProbeUnavailable as error:
-        raise ProbeFailed(str(error)) from None
-    return [Feature(f.feature, f.verdict, f.detail) for f in found.findings], ""
-
-
-class ProbeFailed(Exception):
-    """A plain chat request failed: no feature can be told."""
-
-
-KEY_HEADERS = frozenset({"authorization", "api-key", "x-api-key"})
-SHOWN_HEADERS = frozenset({"content-type", "extra-parameters"})
-
-
-def header_items(headers: Any) -> list[tuple[str, str]]:
-    items = []
-    for name, value in dict(headers or {}).items():
-        for one in value if isinstance(value, list) else [value]:
-            items.append((str(name), str(one)))
-    return items
-
-
-def shown_body(body: bytes | None) -> str:
-    """A request body as a printable shell word: JSON re-written in ASCII, anything else as
-    bash's $'...' with its bytes escaped."""
-    if not body:
-        return ""
-    try:
-        text = json.dumps(orjson.loads(body), ensure_ascii=True, separators=(",", ":"))
-    except orjson.JSONDecodeError:
-        plain = (chr(b) if 32 <= b < 127 and b not in b"'\\" else f"\\x{b:02x}" for b in body)
-        return "$'" + "".join(plain) + "'"
-    return shlex.quote(text)
-
-
-def short_curl(request: Any) -> str:
-    """One printable curl line of at most CURL_BYTES: the key as $CHATGATE_KEY, never itself;
-    a body too long for that is cut, and the line says so."""
-    parts = ["curl", "-X", request.method, shlex.quote(request.uri)]
-    for name, value in header_items(request.headers):
-        lowered = name.lower()
-        if lowered in KEY_HEADERS:
-            secret = "Bearer $CHATGATE_KEY" if lowered == "authorization" else "$CHATGATE_KEY"
-            parts += ["-H", f'"{name}: {secret}"']
-        elif lowered in SHOWN_HEADERS or lowered not in SCHEMATHESIS_HEADERS:
-            parts += ["-H", shlex.quote(printable(f"{name}: {value}", 200))]
-    body = shown_body(request.body)
-    line = " ".join(parts)
-    if body:
-        room = CURL_BYTES - len(line) - 16
-        if len(body) > room:
-            body = body[: max(room - 40, 0)] + f"...(cut: {len(body)} chars)"
-        line += " --data-binary " + body
-    return line
-
-
-SCHEMATHESIS_HEADERS = frozenset(  # sent by any client: left out of a reproduction
-    {"user-agent", "accept", "accept-encoding", "connection", "content-length", "host"}
-    | {"x-schemathesis-testcaseid"}
-)
-
-
-def record_failure(result: OperationResult, name: str, info: Any, interaction: Any) -> None:
-    """Count one failing case of check `name`; keep the shortest example of each check."""
-    failure = info.failure
-    finding = result.findings.setdefault(name, Finding(name, result.label, failure.title))
-    finding.count += 1
-    if interaction is not None:
-        curl = short_curl(interaction.request)
-    else:
-        curl = printable(" ".join(info.code_sample.split()), CURL_BYTES)
-    if finding.curl and len(curl) >= len(finding.curl):
-        return
-    finding.title, finding.message, finding.curl = failure.title, str(failure.message or ""), curl
-    response = interaction.response if interaction is not None else None
-    finding.status = response.status_code if response is not None else None
-    content = response.content if response is not None else b""
-    finding.body = printable(content.decode("utf-8", "replace"), BODY_CHARS) if content else ""
 
 
 def run(
