@@ -200,3 +200,12 @@ def test_against_the_vendor_its_document_judges_the_answers(refspecs: Path, tmp_
     checks = {f["check"] for f in report["findings"]}
     assert "vendor_spec_conformance" in checks and "response_schema_conformance" not in checks
     assert result.returncode == 1 and report["against"] == "vendor"
+
+
+def test_the_time_budget_ends_the_fuzzing_and_the_report_says_so(tmp_path: Path):
+    args = ("--model", "stand-in", "--max-examples", "50", "--max-time", "1", "--no-probes")
+    with running_deviating_upstream() as upstream:
+        result, report = run_with_files(upstream.url, tmp_path, *args)
+    assert report["stopped"].startswith("the fuzzing stopped at --max-time (1 s)")
+    assert "NOTE the fuzzing stopped at --max-time" in result.stdout
+    assert report["features"] == {} and "features: not probed (--no-probes)" in result.stdout

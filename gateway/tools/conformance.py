@@ -319,6 +319,7 @@ def run(
         model=model,
     )
     say = progress or (lambda line: None)
+    report.features_note = "not probed (--no-probes)"
     if probe_features:
         report.model = model or listed_model(url, request_headers, budget.timeout)
         say(f"  probing the features (model {report.model})")
@@ -366,6 +367,10 @@ def run(
             message = f"{event.label}: {type(event.value).__name__}: {event.value}"
             if message not in target:
                 target.append(message)
+        elif isinstance(event, events.EngineFinished) and event.stop_reason == "max_time":
+            report.stopped = (
+                f"the fuzzing stopped at --max-time ({budget.max_time:g} s): not every case was tried"
+            )
         elif isinstance(event, events.FatalError):
             report.errors.append(f"{type(event.exception).__name__}: {event.exception}")
     report.seconds = time.monotonic() - started

@@ -91,6 +91,7 @@ class Report:
     features: list[Feature] = field(default_factory=list)
     features_note: str = ""  # why there is no feature matrix, when there is none
     seconds: float = 0.0
+    stopped: str = ""  # why the fuzzing ended before its cases did (the time budget)
 
     def operation(self, label: str) -> OperationResult:
         return self.operations.setdefault(label, OperationResult(label))
@@ -142,6 +143,7 @@ class Report:
                 op.label: {"cases": op.cases, "errors": op.errors} for op in self.operations.values()
             },
             "errors": self.errors,
+            "stopped": self.stopped,
         }
 
 
@@ -206,6 +208,8 @@ def render(report: Report, vendor: str) -> str:
             lines.append(f"    ERROR {textwrap.shorten(error, 300)}")
     for error in report.errors:
         lines.append(f"  ERROR {textwrap.shorten(error, 300)}")
+    if report.stopped:
+        lines.append(f"  NOTE {report.stopped}")
     lines += ["", verdict_line(report)]
     return "\n".join(lines)
 
