@@ -26,8 +26,11 @@ from tests.servers import free_port
 
 
 class DeviatingUpstream:
-    def __init__(self, key: str | None = None, unauthorized_status: int = 401) -> None:
+    def __init__(
+        self, key: str | None = None, unauthorized_status: int = 401, pinned_model: str | None = None
+    ) -> None:
         self.key = key
+        self.pinned_model = pinned_model  # any other model is refused, as transformers serve does
         self.unauthorized_status = unauthorized_status  # LiteLLM's proxy answers 500
         self.url = ""
         self.bodies: list[dict[str, Any]] = []  # every chat request, as received
@@ -47,6 +50,8 @@ class DeviatingUpstream:
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
             return detail(422, "messages: Input should be a valid list")
         self.bodies.append(body)
+        if self.pinned_model is not None and body.get("model") != self.pinned_model:
+            return detail(400, f"Server is pinned to {self.pinned_model!r}; requested {body.get('model')!r}.")
         words, finish = answer(body)
         if body.get("stream"):
             return StreamingResponse(chunks(words, finish), media_type="text/event-stream")
@@ -106,11 +111,11 @@ def sse(payload: dict[str, Any]) -> bytes:
 
 @contextmanager
 def running_deviating_upstream(
-    key: str | None = None, port: int = 0, unauthorized_status: int = 401
+    key: str | None = None, port: int = 0, unauthorized_status: int = 401, pinned_model: str | None = None
 ) -> Iterator[DeviatingUpstream]:
     """The stand-in served by uvicorn on a loopback port (0: a free one), in a thread of this
     process; its base URL (…/v1) in `url`."""
-    stand_in = DeviatingUpstream(key, unauthorized_status)
+    stand_in = DeviatingUpstream(key, unauthorized_status, pinned_model)
     port = port or free_port()
     config = uvicorn.Config(
         stand_in.app(), host="127.0.0.1", port=port, log_level="critical", lifespan="off", loop="asyncio"

@@ -81,13 +81,39 @@ def vendor_spec_conformance(ctx: Any, response: Any, case: Any) -> bool | None:
     return True
 
 
+def name_the_model(case: Any, model: str) -> None:
+    """A positive case names `model` (in its body, or its path), the model the server serves."""
+    from schemathesis.generation import GenerationMode
+
+    if case.meta is not None and case.meta.generation.mode != GenerationMode.POSITIVE:
+        return
+    if "model" in (case.path_parameters or {}):
+        case.path_parameters = {**case.path_parameters, "model": model}
+    if isinstance(case.body, dict) and "model" in case.body:
+        case.body["model"] = model
+
+
+def the_runs_model(context: Any, case: Any, kwargs: dict[str, Any]) -> None:
+    """A `before_call` hook: every phase's cases (examples and coverage too, which `map_case`
+    does not see) name the run's --model, read off the document as the vendor check reads it."""
+    settings = case.operation.schema.raw_schema.get(RUN_EXTENSION) or {}
+    if settings.get("model"):
+        name_the_model(case, settings["model"])
+
+
+_registered: list[bool] = []
+
+
 def register_checks() -> None:
-    """Register the vendor check with schemathesis, once per process."""
+    """Register the vendor check and the model hook with schemathesis, once per process."""
     import schemathesis
     from schemathesis.checks import CHECKS
 
     if VENDOR_CHECK not in CHECKS.get_all_names():
         schemathesis.check(vendor_spec_conformance)
+    if not _registered:
+        schemathesis.hook("before_call")(the_runs_model)
+        _registered.append(True)
     register_json_lines()
 
 
@@ -167,8 +193,6 @@ def shape_cases(
 
     def map_case(context: Any, case: Any) -> Any:
         positive = case.meta is None or case.meta.generation.mode == GenerationMode.POSITIVE
-        if model is not None and positive and "model" in (case.path_parameters or {}):
-            case.path_parameters = {**case.path_parameters, "model": model}
         defined = fields.get((case.operation.method.upper(), case.operation.path))
         if not defined or not isinstance(case.body, dict):
             return case
@@ -176,8 +200,8 @@ def shape_cases(
             case.body = {k: v for k, v in case.body.items() if k in defined}
         else:
             case.headers = {**(case.headers or {}), "extra-parameters": extra_fields}
-        if model is not None and positive and "model" in defined:
-            case.body["model"] = model
+        if model is not None and "model" in defined:
+            name_the_model(case, model)
         if shaping is not None and positive:
             case.body = shaping(case.body)
         if positive:
@@ -209,6 +233,7 @@ def load_schema(
         "dialect": dialect,
         "refspecs": str(refspecs) if refspecs is not None and vendor is not None else None,
         "vendor_file": vendor.file if vendor is not None else None,
+        "model": model,
     }
     config = SchemathesisConfig()
     # Keys stay hidden in the report, but `max_tokens` and friends are not secrets.
