@@ -21,7 +21,7 @@ from typing import Any
 from gateway.dialects import DIALECTS
 from gateway.dialects.rules import Rule, first_breach
 from gateway.spec import DialectSpec, load_document
-from gateway.tools.conformance_examples import record_failure
+from gateway.tools.conformance_examples import KEY_HEADERS, record_failure
 from gateway.tools.conformance_report import Report
 from gateway.tools.conformance_report import render as render_lines
 from gateway.tools.conformance_schema import for_schemathesis, register_json_lines
@@ -320,6 +320,7 @@ def run(
     request_headers = dict(headers or {})
     if key:
         request_headers["Authorization"] = f"Bearer {key}"
+    secrets = frozenset(v for k, v in request_headers.items() if k.lower() in KEY_HEADERS)
     document = load_document(SPEC_FILES[dialect])
     served = served_document(url, document)
     excluded = []
@@ -385,7 +386,7 @@ def run(
                     if check.status == Status.FAILURE and check.failure_info is not None
                 }
                 for name, info in failed.items():
-                    record_failure(result, name, info, recorder.interactions.get(case_id))
+                    record_failure(result, name, info, recorder.interactions.get(case_id), secrets)
             say(f"  {event.phase.value:<9} {recorder.label}: {event.status.value}")
         elif isinstance(event, events.NonFatalError):
             target = report.operation(event.label).errors if event.related_to_operation else report.errors

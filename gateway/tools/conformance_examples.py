@@ -13,7 +13,6 @@ import orjson
 from gateway.tools.conformance_report import BODY_CHARS, CURL_BYTES, Finding, OperationResult, printable
 
 KEY_HEADERS = frozenset({"authorization", "api-key", "x-api-key"})
-SHOWN_HEADERS = frozenset({"content-type", "extra-parameters"})
 
 
 def header_items(headers: Any) -> list[tuple[str, str]]:
@@ -24,37 +23,36 @@ def header_items(headers: Any) -> list[tuple[str, str]]:
     return items
 
 
-def shown_body(body: bytes | None) -> str:
-    """A request body as a printable shell word: JSON re-written in ASCII, anything else as
-    bash's $'...' with its bytes escaped."""
-    if not body:
-        return ""
+def shown_body(body: bytes, room: int) -> str:
+    """A request body as one printable shell word of at most about `room` characters: JSON
+    re-written in ASCII, anything else as bash's $'...' with its bytes escaped. A longer one is
+    cut, and says so (then it is an example, no longer a reproduction)."""
     try:
         text = json.dumps(orjson.loads(body), ensure_ascii=True, separators=(",", ":"))
+        binary = False
     except orjson.JSONDecodeError:
-        plain = (chr(b) if 32 <= b < 127 and b not in b"'\\" else f"\\x{b:02x}" for b in body)
-        return "$'" + "".join(plain) + "'"
-    return shlex.quote(text)
+        text = "".join(chr(b) if 32 <= b < 127 and b not in b"'\\" else f"\\x{b:02x}" for b in body)
+        binary = True
+    if len(text) > room:
+        text = text[: max(room - 40, 0)] + f"...(cut: {len(text)} chars)"
+    return f"$'{text}'" if binary else shlex.quote(text)
 
 
-def short_curl(request: Any) -> str:
-    """One printable curl line of at most CURL_BYTES: the key as $CHATGATE_KEY, never itself;
-    a body too long for that is cut, and the line says so."""
+def short_curl(request: Any, secrets: frozenset[str] = frozenset()) -> str:
+    """One printable curl line of at most CURL_BYTES. A key header the run was given (its value
+    in `secrets`) shows as $CHATGATE_KEY, never itself; one schemathesis made up (an invalid
+    key, to see it refused) is shown as sent."""
     parts = ["curl", "-X", request.method, shlex.quote(request.uri)]
     for name, value in header_items(request.headers):
         lowered = name.lower()
-        if lowered in KEY_HEADERS:
-            secret = "Bearer $CHATGATE_KEY" if lowered == "authorization" else "$CHATGATE_KEY"
-            parts += ["-H", f'"{name}: {secret}"']
-        elif lowered in SHOWN_HEADERS or lowered not in SCHEMATHESIS_HEADERS:
+        if lowered in KEY_HEADERS and value in secrets:
+            hidden = "Bearer $CHATGATE_KEY" if value.lower().startswith("bearer ") else "$CHATGATE_KEY"
+            parts += ["-H", f'"{name}: {hidden}"']
+        elif lowered not in SCHEMATHESIS_HEADERS:
             parts += ["-H", shlex.quote(printable(f"{name}: {value}", 200))]
-    body = shown_body(request.body)
     line = " ".join(parts)
-    if body:
-        room = CURL_BYTES - len(line) - 16
-        if len(body) > room:
-            body = body[: max(room - 40, 0)] + f"...(cut: {len(body)} chars)"
-        line += " --data-binary " + body
+    if request.body:
+        line += " --data-binary " + shown_body(request.body, CURL_BYTES - len(line) - 24)
     return line
 
 
@@ -64,13 +62,16 @@ SCHEMATHESIS_HEADERS = frozenset(  # sent by any client: left out of a reproduct
 )
 
 
-def record_failure(result: OperationResult, name: str, info: Any, interaction: Any) -> None:
-    """Count one failing case of check `name`; keep the shortest example of each check."""
+def record_failure(
+    result: OperationResult, name: str, info: Any, interaction: Any, secrets: frozenset[str] = frozenset()
+) -> None:
+    """Count one failing case of check `name`; keep the shortest example of each check
+    (`secrets`: the values of the key headers the run was given, never shown)."""
     failure = info.failure
     finding = result.findings.setdefault(name, Finding(name, result.label, failure.title))
     finding.count += 1
     if interaction is not None:
-        curl = short_curl(interaction.request)
+        curl = short_curl(interaction.request, secrets)
     else:
         curl = printable(" ".join(info.code_sample.split()), CURL_BYTES)
     if finding.curl and len(curl) >= len(finding.curl):
