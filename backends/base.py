@@ -107,7 +107,7 @@ class Capabilities:
     response_formats: frozenset[str] = frozenset({"text"})
     max_n: int = 1
     max_top_logprobs: int = 0
-    context_length: int = 8192
+    context_length: int | None = None  # prompt + output; None: not declared, not checked
     # The most tokens one choice may hold (a request asking for more gets 422), and what a
     # request that names no limit gets; None: the backend decides.
     max_output_tokens: int | None = None

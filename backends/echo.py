@@ -187,7 +187,6 @@ class EchoBackend:
         response_formats=frozenset({"text", "json_object", "json_schema"}),
         max_n=128,
         max_top_logprobs=20,
-        context_length=1 << 21,  # above the largest documented max_tokens plus a prompt
         # bounded like a model's answer when the request names no limit (a long prompt echoed
         # n times must not become hundreds of megabytes); any documented max_tokens is taken,
         # and server.max_response_bytes bounds what that may build

@@ -225,7 +225,7 @@ class LocalBackend:
         self.token_texts: dict[int, str] = {}
         # A fast tokenizer's Rust core refuses concurrent use ("Already borrowed"): one at a time.
         self.tokenizer_lock = threading.Lock()
-        context_length = self.find_context_length()
+        context_length = self.context_length = self.find_context_length()
         self.capabilities = Capabilities(
             modalities=frozenset({"text"}),
             parameters=parameter_table(context_length, self.vocab_size),
@@ -347,7 +347,7 @@ class LocalBackend:
             return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def output_budget(self, prompt_length: int, sampling: Sampling) -> int:
-        context = self.capabilities.context_length
+        context = self.context_length
         room = context - prompt_length
         asked = sampling.max_new_tokens
         if room < 1 or (asked is not None and asked > room):  # as OpenAI words it

@@ -119,7 +119,6 @@ CAPABILITIES = Capabilities(
     response_formats=frozenset({"text", "json_object", "json_schema"}),
     max_n=128,
     max_top_logprobs=20,
-    context_length=1 << 20,  # the upstream enforces its own context length
 )
 
 BUSY = "{upstream} is busy or its limits for the gateway are used up: try again later."

@@ -252,18 +252,50 @@ def conformance(
             "else refspecs/ from scripts/fetch-refspecs)."
         ),
     ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(help="The model every chat request names (default: the first /models lists)."),
+    ] = None,
+    timeout: Annotated[float, typer.Option(min=0.1, help="Seconds for each request's answer.")] = 30.0,
+    max_time: Annotated[
+        float | None, typer.Option(min=1, help="Seconds for the fuzzing as a whole (default: no limit).")
+    ] = None,
+    against: Annotated[
+        str,
+        typer.Option(
+            help="What judges the answers: seed (the dialect's document, and the vendor's where "
+            "found) or vendor (the vendor's current document alone, from refspecs)."
+        ),
+    ] = "seed",
+    probes: Annotated[
+        bool, typer.Option(help="Run the feature probes (the dialects that have them).")
+    ] = True,
+    report_file: Annotated[
+        Path | None, typer.Option("--report", help="Write the report as JSON (features, findings).")
+    ] = None,
+    junit_file: Annotated[Path | None, typer.Option("--junit", help="Write JUnit XML, for CI.")] = None,
+    html_file: Annotated[
+        Path | None, typer.Option("--html", help="Write a page with the feature matrix and findings.")
+    ] = None,
 ) -> None:
-    """Test a running endpoint against a dialect's document: every schemathesis check, plus the
-    vendor's own document. Exits 0 when clean, 1 on any failure, 2 when it cannot run."""
+    """Test a running endpoint: the feature probes (what it honours of n, logprobs, tools,
+    response_format, stop, seed, max_tokens, streams, its error shape, auth), then every
+    schemathesis check, past the first failure, plus the vendor's own document. Exits 0 when
+    conformant, 1 when not, 2 when the run cannot be made."""
     import importlib.util
 
     if importlib.util.find_spec("schemathesis") is None:
         fail("chatgate conformance needs schemathesis: pip install 'chatgate[conformance]'")
-    from gateway.tools.conformance import ConformanceUnavailable, render, run
+    from gateway.tools.conformance import Budget, ConformanceUnavailable, render, run
+    from gateway.tools.conformance_report import html_page, junit
 
+    if (problem := url_problem(url)) is not None:
+        fail(f"conformance: {url!r} is not a URL to test: {problem}")
     headers = {}
     for item in header or []:
-        name, _, value = item.partition(":")
+        name, colon, value = item.partition(":")
+        if not colon or not name.strip():
+            fail(f"conformance: --header {item!r} is not 'Name: value'")
         headers[name.strip()] = value.strip()
     try:
         report = run(
@@ -275,11 +307,24 @@ def conformance(
             refspecs=refspecs,
             extra_fields=extra_fields,
             seed=seed,
+            model=model,
+            budget=Budget(timeout, max_time),
+            against=against,
+            probe_features=probes,
+            progress=lambda line: typer.echo(line, err=True),  # a long run shows it goes on
         )
     except ConformanceUnavailable as error:
         typer.echo(f"chatgate conformance: {error}", err=True)
         raise typer.Exit(2) from None
     typer.echo(render(report))
+    written = {report_file: lambda: orjson.dumps(report.as_json(), option=orjson.OPT_INDENT_2).decode()}
+    written |= {junit_file: lambda: junit(report), html_file: lambda: html_page(report)}
+    for path, text in written.items():
+        if path is not None:
+            try:
+                path.write_text(text() + "\n", encoding="utf-8")
+            except OSError as error:
+                fail(f"conformance: cannot write {path}: {error.strerror}")
     raise typer.Exit(0 if report.clean else 1)
 
 

@@ -2,7 +2,8 @@
 tools and response_format (answering one plain choice, as transformers serve does), keeps the
 stop string in its text, honours max_tokens and seed (it is deterministic), ends a stream
 without [DONE] and without a usage chunk, and answers errors as {"detail": ...} (FastAPI's
-shape, not OpenAI's). With `key`, every request must carry it as a Bearer token.
+shape, not OpenAI's). With `key`, every request must carry it as a Bearer token (else a 401, or
+`unauthorized_status`).
 
 It echoes the last user message, so what it honours is plain to see."""
 
@@ -25,17 +26,23 @@ from tests.servers import free_port
 
 
 class DeviatingUpstream:
-    def __init__(self, key: str | None = None) -> None:
+    def __init__(
+        self, key: str | None = None, unauthorized_status: int = 401, pinned_model: str | None = None
+    ) -> None:
         self.key = key
+        self.pinned_model = pinned_model  # any other model is refused, as transformers serve does
+        self.unauthorized_status = unauthorized_status  # LiteLLM's proxy answers 500
         self.url = ""
         self.bodies: list[dict[str, Any]] = []  # every chat request, as received
+        self.header_names: set[str] = set()  # of every chat request
 
     def app(self) -> Starlette:
         return Starlette(routes=[Route("/v1/chat/completions", self.chat, methods=["POST"])])
 
     async def chat(self, request: Request) -> Response:
+        self.header_names.update(request.headers.keys())
         if self.key is not None and request.headers.get("authorization") != f"Bearer {self.key}":
-            return detail(401, "Not authenticated")
+            return detail(self.unauthorized_status, "Not authenticated")
         try:
             body = orjson.loads(await request.body())
         except orjson.JSONDecodeError:
@@ -43,6 +50,8 @@ class DeviatingUpstream:
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
             return detail(422, "messages: Input should be a valid list")
         self.bodies.append(body)
+        if self.pinned_model is not None and body.get("model") != self.pinned_model:
+            return detail(400, f"Server is pinned to {self.pinned_model!r}; requested {body.get('model')!r}.")
         words, finish = answer(body)
         if body.get("stream"):
             return StreamingResponse(chunks(words, finish), media_type="text/event-stream")
@@ -101,10 +110,12 @@ def sse(payload: dict[str, Any]) -> bytes:
 
 
 @contextmanager
-def running_deviating_upstream(key: str | None = None, port: int = 0) -> Iterator[DeviatingUpstream]:
+def running_deviating_upstream(
+    key: str | None = None, port: int = 0, unauthorized_status: int = 401, pinned_model: str | None = None
+) -> Iterator[DeviatingUpstream]:
     """The stand-in served by uvicorn on a loopback port (0: a free one), in a thread of this
     process; its base URL (…/v1) in `url`."""
-    stand_in = DeviatingUpstream(key)
+    stand_in = DeviatingUpstream(key, unauthorized_status, pinned_model)
     port = port or free_port()
     config = uvicorn.Config(
         stand_in.app(), host="127.0.0.1", port=port, log_level="critical", lifespan="off", loop="asyncio"

@@ -54,7 +54,7 @@ def effective(backend: Capabilities, narrowed: DeploymentCapabilities) -> Capabi
         parameters=parameters,
         modalities=modalities,
         max_n=min(backend.max_n, narrowed.max_n or backend.max_n),
-        context_length=min(backend.context_length, narrowed.context_length or backend.context_length),
+        context_length=narrower(backend.context_length, narrowed.context_length),
         max_output_tokens=max_output,
         default_max_tokens=narrower(
             narrower(backend.default_max_tokens, narrowed.default_max_tokens), max_output
@@ -120,8 +120,10 @@ def check(request: ChatRequest, capabilities: Capabilities, prompt_tokens: int) 
     kind = (request.response_format or {}).get("type", "text")
     if kind not in capabilities.response_formats:
         raise unsupported("response_format", request.response_format, f"'{kind}' is not supported")
+    # Only a declared limit is checked (a backend's, or the deployment's `context_length`): an
+    # upstream that declares none enforces its own, and a guessed one refuses what it takes.
     wanted = prompt_tokens + (request.max_tokens or 0)
-    if wanted > capabilities.context_length:
+    if capabilities.context_length is not None and wanted > capabilities.context_length:
         raise BadRequest(
             f"This model's context is {capabilities.context_length} tokens; the request needs "
             f"about {wanted} ({prompt_tokens} in the prompt, {request.max_tokens} to generate).",

@@ -12,16 +12,30 @@ type, any depth); `--seed` makes a run repeatable.
 
 from __future__ import annotations
 
-import textwrap
+import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gateway.dialects import DIALECTS
 from gateway.dialects.rules import Rule, first_breach
 from gateway.spec import DialectSpec, load_document
+from gateway.tools.conformance_examples import KEY_HEADERS, record_failure
+from gateway.tools.conformance_report import Report
+from gateway.tools.conformance_report import render as render_lines
 from gateway.tools.conformance_schema import for_schemathesis, register_json_lines
+from gateway.tools.conformance_target import (
+    ProbeFailed,
+    asks_for_key,
+    chat_path,
+    declares_security,
+    features_of,
+    listed_model,
+    served_document,
+    with_served_security,
+    without_chatgate_headers,
+)
 from gateway.tools.vendor_specs import REFSPECS_HOW, VENDOR_DOCUMENTS, RefspecsError, VendorSpecs
 
 VENDOR_CHECK = "vendor_spec_conformance"
@@ -35,63 +49,6 @@ MISSING = (
 
 class ConformanceUnavailable(RuntimeError):
     """The run cannot start (schemathesis missing, the endpoint unreachable)."""
-
-
-@dataclass
-class Finding:
-    check: str
-    title: str
-    message: str
-    curl: str
-
-
-@dataclass
-class OperationResult:
-    label: str
-    cases: int = 0
-    findings: dict[tuple[str, str], Finding] = field(default_factory=dict)
-    errors: list[str] = field(default_factory=list)
-    answers: int = 0  # responses recorded
-    unauthorized: int = 0  # of them 401
-
-
-@dataclass
-class Report:
-    dialect: str
-    url: str
-    spec_file: str
-    vendor_file: str | None
-    max_examples: int
-    operations: dict[str, OperationResult] = field(default_factory=dict)
-    errors: list[str] = field(default_factory=list)
-    auth: str = ""  # how the run authenticated, as the report says it
-    key_sent: bool = False
-
-    def operation(self, label: str) -> OperationResult:
-        return self.operations.setdefault(label, OperationResult(label))
-
-    @property
-    def findings(self) -> list[tuple[str, Finding]]:
-        return [(op.label, f) for op in self.operations.values() for f in op.findings.values()]
-
-    @property
-    def answers(self) -> int:
-        return sum(op.answers for op in self.operations.values())
-
-    @property
-    def unauthorized(self) -> int:
-        return sum(op.unauthorized for op in self.operations.values())
-
-    @property
-    def locked_out(self) -> bool:
-        """Most answers were 401: the run tested the endpoint's key check, not its document (a
-        schema check has nothing to say of a 401 body, so such a run would otherwise look clean)."""
-        return self.answers > 0 and self.unauthorized * 2 > self.answers
-
-    @property
-    def clean(self) -> bool:
-        problems = self.findings or self.errors or any(op.errors for op in self.operations.values())
-        return not problems and not self.locked_out
 
 
 # ----- the vendor check -----------------------------------------------------------------------
@@ -124,13 +81,39 @@ def vendor_spec_conformance(ctx: Any, response: Any, case: Any) -> bool | None:
     return True
 
 
+def name_the_model(case: Any, model: str) -> None:
+    """A positive case names `model` (in its body, or its path), the model the server serves."""
+    from schemathesis.generation import GenerationMode
+
+    if case.meta is not None and case.meta.generation.mode != GenerationMode.POSITIVE:
+        return
+    if "model" in (case.path_parameters or {}):
+        case.path_parameters = {**case.path_parameters, "model": model}
+    if isinstance(case.body, dict) and "model" in case.body:
+        case.body["model"] = model
+
+
+def the_runs_model(context: Any, case: Any, kwargs: dict[str, Any]) -> None:
+    """A `before_call` hook: every phase's cases (examples and coverage too, which `map_case`
+    does not see) name the run's --model, read off the document as the vendor check reads it."""
+    settings = case.operation.schema.raw_schema.get(RUN_EXTENSION) or {}
+    if settings.get("model"):
+        name_the_model(case, settings["model"])
+
+
+_registered: list[bool] = []
+
+
 def register_checks() -> None:
-    """Register the vendor check with schemathesis, once per process."""
+    """Register the vendor check and the model hook with schemathesis, once per process."""
     import schemathesis
     from schemathesis.checks import CHECKS
 
     if VENDOR_CHECK not in CHECKS.get_all_names():
         schemathesis.check(vendor_spec_conformance)
+    if not _registered:
+        schemathesis.hook("before_call")(the_runs_model)
+        _registered.append(True)
     register_json_lines()
 
 
@@ -194,12 +177,13 @@ EXTRA_FIELDS = ("strip", "pass-through", "drop")
 
 
 def shape_cases(
-    dialect: str, document: dict[str, Any], extra_fields: str = "strip"
+    dialect: str, document: dict[str, Any], extra_fields: str = "strip", model: str | None = None
 ) -> Callable[[Any, Any], Any]:
     """A schemathesis `map_case` hook: bodies carry only the parameters the document defines (the
     rest is the extra-parameters policy's business) unless `extra_fields` keeps them; positive
     bodies follow the message order the document states in prose, and those that break one of
-    its `x-chatgate-rules` are judged as the negative cases they are."""
+    its `x-chatgate-rules` are judged as the negative cases they are. With `model`, every
+    positive case names that model (a server that serves only its own answers nothing else)."""
     from schemathesis.generation import GenerationMode
 
     fields = defined_body_fields(document)
@@ -208,6 +192,7 @@ def shape_cases(
     rules = DialectSpec(document, chat).rules
 
     def map_case(context: Any, case: Any) -> Any:
+        positive = case.meta is None or case.meta.generation.mode == GenerationMode.POSITIVE
         defined = fields.get((case.operation.method.upper(), case.operation.path))
         if not defined or not isinstance(case.body, dict):
             return case
@@ -215,7 +200,8 @@ def shape_cases(
             case.body = {k: v for k, v in case.body.items() if k in defined}
         else:
             case.headers = {**(case.headers or {}), "extra-parameters": extra_fields}
-        positive = case.meta is None or case.meta.generation.mode == GenerationMode.POSITIVE
+        if model is not None and "model" in defined:
+            name_the_model(case, model)
         if shaping is not None and positive:
             case.body = shaping(case.body)
         if positive:
@@ -223,48 +209,6 @@ def shape_cases(
         return case
 
     return map_case
-
-
-def served_document(url: str, document: dict[str, Any]) -> dict[str, Any] | None:
-    """The dialect's document as the endpoint serves it (`<url>/openapi.json`, as chatgate does),
-    when it serves this one; None otherwise (a real upstream serves none)."""
-    import httpx
-
-    try:
-        response = httpx.get(url.rstrip("/") + "/openapi.json", timeout=10)
-        served = response.json() if response.status_code == 200 else None
-    except (httpx.HTTPError, ValueError):
-        return None
-    same = isinstance(served, dict) and served.get("info", {}).get("title") == document["info"]["title"]
-    return served if same else None
-
-
-def with_served_security(document: dict[str, Any], served: dict[str, Any]) -> dict[str, Any]:
-    """The document with the security the endpoint declares for itself: a gateway with no keys
-    serves its document without `security`, and is tested as the open endpoint it is."""
-    document = dict(document)
-    document.pop("security", None)
-    if "security" in served:
-        document["security"] = served["security"]
-    paths = {}
-    for path, item in document.get("paths", {}).items():
-        paths[path] = dict(item)
-        for method, operation in item.items():
-            if isinstance(operation, dict) and "security" in operation:
-                served_operation = served.get("paths", {}).get(path, {}).get(method, {})
-                operation = {k: v for k, v in operation.items() if k != "security"}
-                if "security" in served_operation:
-                    operation["security"] = served_operation["security"]
-                paths[path][method] = operation
-    document["paths"] = paths
-    return document
-
-
-def declares_security(document: dict[str, Any]) -> bool:
-    operations = [
-        op for item in document.get("paths", {}).values() for op in item.values() if isinstance(op, dict)
-    ]
-    return bool(document.get("security")) or any(op.get("security") for op in operations)
 
 
 def load_schema(
@@ -276,6 +220,9 @@ def load_schema(
     extra_fields: str = "strip",
     seed: int | None = None,
     document: dict[str, Any] | None = None,
+    budget: Budget | None = None,
+    excluded_checks: tuple[str, ...] = (),
+    model: str | None = None,
 ) -> Any:
     import schemathesis
     from schemathesis.config import SchemathesisConfig
@@ -286,6 +233,7 @@ def load_schema(
         "dialect": dialect,
         "refspecs": str(refspecs) if refspecs is not None and vendor is not None else None,
         "vendor_file": vendor.file if vendor is not None else None,
+        "model": model,
     }
     config = SchemathesisConfig()
     # Keys stay hidden in the report, but `max_tokens` and friends are not secrets.
@@ -293,7 +241,14 @@ def load_schema(
     sanitization.sensitive_markers = tuple(m for m in sanitization.sensitive_markers if m != "token")
     schema = schemathesis.openapi.from_dict(document, config=config)
     schema.config.update(base_url=url.rstrip("/"), headers=headers or None)
-    schema.config.checks.update(included_check_names=["all"])
+    budget = budget or Budget()
+    # past the first failure of an operation: every case of the budget is tried
+    schema.config.update(continue_on_failure=True, request_timeout=budget.timeout)
+    if budget.max_time is not None:
+        schema.config.max_time = max(1, round(budget.max_time))
+    schema.config.checks.update(
+        included_check_names=["all"], excluded_check_names=list(excluded_checks) or None
+    )
     # A valid request may ask for what the model cannot do (audio output, a custom tool): its
     # answer is the document's 422 "not supported by this model", not a refusal of the request.
     acceptance = schema.config.checks.positive_data_acceptance
@@ -303,8 +258,19 @@ def load_schema(
     else:
         schema.config.generation.update(max_examples=max_examples)
         schema.config.seed = seed
-    schema.hook("map_case")(shape_cases(dialect, document, extra_fields))
+    schema.hook("map_case")(shape_cases(dialect, document, extra_fields, model))
     return schema
+
+
+AGAINST = ("seed", "vendor")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How much a run may try: seconds per request, and for the fuzzing as a whole."""
+
+    timeout: float = 30.0
+    max_time: float | None = None
 
 
 def run(
@@ -317,17 +283,27 @@ def run(
     progress: Callable[[str], None] | None = None,
     extra_fields: str = "strip",
     seed: int | None = None,
+    model: str | None = None,
+    budget: Budget | None = None,
+    against: str = "seed",
+    probe_features: bool = True,
 ) -> Report:
-    """Run every schemathesis check and the vendor check against `url`, the base of the dialect's
-    API (where its paths begin: chatgate's /v1, /azure, /aleph-alpha, /lmi or /v3)."""
+    """The feature probes, then every schemathesis check and the vendor check against `url`, the
+    base of the dialect's API (where its paths begin: chatgate's /v1, /azure, /aleph-alpha,
+    /lmi or /v3). `against`: the seed's contract (and the vendor's document where found), or
+    the vendor's document alone judging the answers."""
     try:
         from schemathesis.engine import Status, events, from_schema
     except ImportError as error:
         raise ConformanceUnavailable(MISSING) from error
+    started = time.monotonic()
+    budget = budget or Budget()
     if dialect not in SPEC_FILES:
         raise ConformanceUnavailable(f"unknown dialect {dialect!r}; one of: {', '.join(SPEC_FILES)}")
     if extra_fields not in EXTRA_FIELDS:
         raise ConformanceUnavailable(f"--extra-fields {extra_fields!r}: one of {', '.join(EXTRA_FIELDS)}")
+    if against not in AGAINST:
+        raise ConformanceUnavailable(f"--against {against!r}: one of {', '.join(AGAINST)}")
     reachable(url)
     register_checks()
     vendors = None
@@ -342,13 +318,48 @@ def run(
                 f"vendor documents: {vendors.refspecs_dir} has no {missing} "
                 "(scripts/fetch-refspecs --dest DIR writes every one)"
             )
+    if against == "vendor" and vendors is None:
+        why = "this dialect has none" if dialect not in VENDOR_DOCUMENTS else REFSPECS_HOW
+        raise ConformanceUnavailable(f"--against vendor needs the vendor's document: {why}")
     request_headers = dict(headers or {})
     if key:
         request_headers["Authorization"] = f"Bearer {key}"
+    secrets = frozenset(v for k, v in request_headers.items() if k.lower() in KEY_HEADERS)
     document = load_document(SPEC_FILES[dialect])
     served = served_document(url, document)
+    excluded = []
     if served is not None:
         document = with_served_security(document, served)
+    else:
+        document = without_chatgate_headers(document)
+        if not key and not asks_for_key(url, chat_path(dialect, document), request_headers, budget.timeout):
+            excluded.append("ignored_auth")  # an open server: nothing to hold it to
+            document = with_served_security(document, {})  # and no made-up keys sent
+    if against == "vendor":
+        excluded += ["response_schema_conformance", "response_headers_conformance"]
+    report = Report(
+        dialect=dialect,
+        url=url,
+        spec_file=f"openapi/{SPEC_FILES[dialect]}",
+        vendor_file=VENDOR_DOCUMENTS[dialect].file if vendors else None,
+        max_examples=max_examples,
+        auth=auth_line(served, document, key_sent=bool(key), open_server="ignored_auth" in excluded),
+        key_sent=bool(key),
+        against=against,
+        model=model,
+    )
+    say = progress or (lambda line: None)
+    report.features_note = "not probed (--no-probes)"
+    if probe_features:
+        report.model = model or listed_model(url, request_headers, budget.timeout)
+        say(f"  probing the features (model {report.model})")
+        try:
+            report.features, report.features_note = features_of(
+                url, dialect, report.model, request_headers, budget.timeout
+            )
+        except ProbeFailed as error:
+            report.features_note = f"not probed: {error}"
+            report.errors.append(f"feature probes: {error}")
     schema = load_schema(
         dialect,
         url,
@@ -358,16 +369,11 @@ def run(
         extra_fields,
         seed,
         document,
+        budget,
+        tuple(excluded),
+        model or report.model,
     )
-    report = Report(
-        dialect=dialect,
-        url=url,
-        spec_file=f"openapi/{SPEC_FILES[dialect]}",
-        vendor_file=VENDOR_DOCUMENTS[dialect].file if vendors else None,
-        max_examples=max_examples,
-        auth=auth_line(served, document, key_sent=bool(key)),
-        key_sent=bool(key),
-    )
+    say("  fuzzing (schemathesis, every check, past the first failure)")
     for event in from_schema(schema).execute():
         if isinstance(event, events.ScenarioFinished):
             recorder = event.recorder
@@ -377,28 +383,35 @@ def run(
                 if interaction.response is not None:
                     result.answers += 1
                     result.unauthorized += interaction.response.status_code == 401
-            for checks in recorder.checks.values():
-                for check in checks:
-                    if check.status == Status.FAILURE and check.failure_info is not None:
-                        failure = check.failure_info.failure
-                        result.findings.setdefault(
-                            (check.name, failure.title),
-                            Finding(check.name, failure.title, str(failure.message or ""),
-                                    check.failure_info.code_sample),
-                        )  # fmt: skip
-            if progress is not None:
-                progress(f"  {event.phase.value:<9} {recorder.label}: {event.status.value}")
+            for case_id, checks in recorder.checks.items():
+                failed = {
+                    check.name: check.failure_info
+                    for check in checks
+                    if check.status == Status.FAILURE and check.failure_info is not None
+                }
+                for name, info in failed.items():
+                    record_failure(result, name, info, recorder.interactions.get(case_id), secrets)
+            say(f"  {event.phase.value:<9} {recorder.label}: {event.status.value}")
         elif isinstance(event, events.NonFatalError):
             target = report.operation(event.label).errors if event.related_to_operation else report.errors
             message = f"{event.label}: {type(event.value).__name__}: {event.value}"
             if message not in target:
                 target.append(message)
+        elif isinstance(event, events.EngineFinished) and event.stop_reason == "max_time":
+            report.stopped = (
+                f"the fuzzing stopped at --max-time ({budget.max_time:g} s): not every case was tried"
+            )
         elif isinstance(event, events.FatalError):
             report.errors.append(f"{type(event.exception).__name__}: {event.exception}")
+    report.seconds = time.monotonic() - started
     return report
 
 
-def auth_line(served: dict[str, Any] | None, document: dict[str, Any], key_sent: bool) -> str:
+def auth_line(
+    served: dict[str, Any] | None, document: dict[str, Any], key_sent: bool, open_server: bool = False
+) -> str:
+    if open_server:
+        return "the server answers without a key and none was given: keys not checked"
     if served is not None and not declares_security(document):
         return "none declared by the endpoint's own document (keys are not enforced there): not checked"
     sent = "a key is sent (--key)" if key_sent else "no key is sent (give one with --key)"
@@ -425,43 +438,4 @@ def render(report: Report) -> str:
         vendor = f"not found, so not checked: {REFSPECS_HOW}, or pass --refspecs DIR"
     else:
         vendor = "none (no machine-readable vendor document for this dialect)"
-    lines = [
-        f"chatgate conformance: {report.dialect} dialect at {report.url}",
-        f"  document: {report.spec_file}   vendor document: {vendor}",
-        f"  checks: every schemathesis check + {VENDOR_CHECK}   max examples: {report.max_examples}",
-        *([f"  auth: {report.auth}"] if report.auth else []),
-        "",
-    ]
-    width = max((len(label) for label in report.operations), default=10)
-    for result in report.operations.values():
-        problems = len(result.findings) + len(result.errors)
-        verdict = "ok" if not problems else f"{problems} problem{'s' * (problems > 1)}"
-        lines.append(f"  {result.label:<{width}}  {result.cases:>5} cases  {verdict}")
-        for finding in result.findings.values():
-            lines.append(f"    FAILED {finding.check}: {finding.title}")
-            message = textwrap.shorten(" ".join(finding.message.split()), 300) if finding.message else ""
-            if message:
-                lines.append(f"      {message}")
-            for curl in finding.curl.strip().splitlines():
-                lines.append(f"      {curl.strip()}")
-        for error in result.errors:
-            lines.append(f"    ERROR {textwrap.shorten(error, 300)}")
-    for error in report.errors:
-        lines.append(f"  ERROR {textwrap.shorten(error, 300)}")
-    lines.append("")
-    if report.locked_out:
-        why = "the key was refused" if report.key_sent else "the endpoint needs a key: pass --key KEY"
-        lines.append(
-            f"result: NOT conformant — not tested: {report.unauthorized} of {report.answers} answers "
-            f"were 401 Unauthorized ({why}); the document's checks ran on almost nothing but the key check"
-        )
-    elif report.clean:
-        lines.append("result: conformant — no failures")
-    else:
-        named = sorted({f"{f.check} on {label}" for label, f in report.findings})
-        errors = len(report.errors) + sum(len(op.errors) for op in report.operations.values())
-        summary = f"{len(report.findings)} failure(s)"
-        if errors:
-            summary += f", {errors} error(s)"
-        lines.append(f"result: NOT conformant — {summary}: {'; '.join(named) or 'see errors above'}")
-    return "\n".join(lines)
+    return render_lines(report, vendor)

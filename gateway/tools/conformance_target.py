@@ -1,0 +1,158 @@
+"""What the target of a conformance run is, and what it is held to: chatgate (its served
+document says which keys it enforces) or another server (never held to chatgate's own headers,
+keys checked only where it asks for one); its model, and its features, probed as `chatgate
+probe` probes them (gateway/probes)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from gateway.dialects import DIALECTS
+from gateway.tools.conformance_examples import KEY_HEADERS
+from gateway.tools.conformance_report import Feature
+
+
+def served_document(url: str, document: dict[str, Any]) -> dict[str, Any] | None:
+    """The dialect's document as the endpoint serves it (`<url>/openapi.json`, as chatgate does),
+    when it serves this one; None otherwise (a real upstream serves none)."""
+    import httpx
+
+    try:
+        response = httpx.get(url.rstrip("/") + "/openapi.json", timeout=10)
+        served = response.json() if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
+    same = isinstance(served, dict) and served.get("info", {}).get("title") == document["info"]["title"]
+    return served if same else None
+
+
+def with_served_security(document: dict[str, Any], served: dict[str, Any]) -> dict[str, Any]:
+    """The document with the security the endpoint declares for itself: a gateway with no keys
+    serves its document without `security`, and is tested as the open endpoint it is."""
+    document = dict(document)
+    document.pop("security", None)
+    if "security" in served:
+        document["security"] = served["security"]
+    paths = {}
+    for path, item in document.get("paths", {}).items():
+        paths[path] = dict(item)
+        for method, operation in item.items():
+            if isinstance(operation, dict) and "security" in operation:
+                served_operation = served.get("paths", {}).get(path, {}).get(method, {})
+                operation = {k: v for k, v in operation.items() if k != "security"}
+                if "security" in served_operation:
+                    operation["security"] = served_operation["security"]
+                paths[path][method] = operation
+    document["paths"] = paths
+    return document
+
+
+def declares_security(document: dict[str, Any]) -> bool:
+    operations = [
+        op for item in document.get("paths", {}).values() for op in item.values() if isinstance(op, dict)
+    ]
+    return bool(document.get("security")) or any(op.get("security") for op in operations)
+
+
+# chatgate's own request headers: a target that is not chatgate is not held to them (llama.cpp
+# answers an x-request-id that is not a UUID with an empty 400)
+CHATGATE_HEADERS = frozenset({"x-request-id", "extra-parameters"})
+
+
+def without_chatgate_headers(document: dict[str, Any]) -> dict[str, Any]:
+    """The document without chatgate's own headers (x-request-id, extra-parameters), for a
+    target that is not chatgate: the seed's contract, not the gateway's extensions."""
+    document = copy.deepcopy(document)
+    named = {
+        f"#/components/parameters/{name}"
+        for name, parameter in document.get("components", {}).get("parameters", {}).items()
+        if parameter.get("in") == "header" and parameter.get("name", "").lower() in CHATGATE_HEADERS
+    }
+
+    def ours(parameter: Any) -> bool:
+        if not isinstance(parameter, dict):
+            return False
+        header = parameter.get("in") == "header" and parameter.get("name", "").lower() in CHATGATE_HEADERS
+        return header or parameter.get("$ref") in named
+
+    for item in document.get("paths", {}).values():
+        for operation in [item, *item.values()]:
+            if not isinstance(operation, dict):
+                continue
+            if isinstance(operation.get("parameters"), list):
+                operation["parameters"] = [p for p in operation["parameters"] if not ours(p)]
+            for response in operation.get("responses", {}).values():
+                if isinstance(response, dict) and isinstance(response.get("headers"), dict):
+                    response["headers"] = {
+                        k: v for k, v in response["headers"].items() if k.lower() not in CHATGATE_HEADERS
+                    }
+    for response in document.get("components", {}).get("responses", {}).values():
+        if isinstance(response, dict) and isinstance(response.get("headers"), dict):
+            response["headers"] = {
+                k: v for k, v in response["headers"].items() if k.lower() not in CHATGATE_HEADERS
+            }
+    return document
+
+
+def chat_path(dialect: str, document: dict[str, Any]) -> str | None:
+    """The path of the dialect's chat operation in `document`."""
+    chat = DIALECTS[dialect].chat_operations
+    for path, item in document.get("paths", {}).items():
+        for operation in item.values():
+            if isinstance(operation, dict) and operation.get("operationId") in chat:
+                return str(path)
+    return None
+
+
+def asks_for_key(url: str, path: str | None, headers: dict[str, str], timeout: float) -> bool:
+    """A chat request without a key is answered 401 or 403: the server asks for one."""
+    import httpx
+
+    if path is None:
+        return False
+    keyless = {k: v for k, v in headers.items() if k.lower() not in KEY_HEADERS}
+    try:
+        answer = httpx.post(url.rstrip("/") + path, json={}, headers=keyless, timeout=timeout)
+    except httpx.HTTPError:
+        return False
+    return answer.status_code in (401, 403)
+
+
+def listed_model(url: str, headers: dict[str, str], timeout: float) -> str | None:
+    """The first model `<url>/models` lists (OpenAI's shape), when it lists one."""
+    import httpx
+
+    try:
+        listed = httpx.get(url.rstrip("/") + "/models", headers=headers, timeout=timeout).json()
+        first = listed["data"][0]["id"]
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
+        return None
+    return first if isinstance(first, str) else None
+
+
+def features_of(
+    url: str, dialect: str, model: str | None, headers: dict[str, str], timeout: float
+) -> tuple[list[Feature], str]:
+    """The dialect's feature probes (gateway/probes, as `chatgate probe` runs them): the
+    matrix, or none and why."""
+    import asyncio
+
+    from gateway.probes.findings import ProbeUnavailable
+    from gateway.probes.runner import Target, probe
+    from gateway.probes.sets import PROBE_SETS
+
+    probes = PROBE_SETS.get(dialect)
+    if probes is None:
+        return [], f"not probed: probes are written for {', '.join(PROBE_SETS)}"
+    if model is None:
+        return [], "not probed: name the model with --model (the server lists none at /models)"
+    try:
+        found = asyncio.run(probe(Target(url.rstrip("/"), model, headers, timeout), probes))
+    except ProbeUnavailable as error:
+        raise ProbeFailed(str(error)) from None
+    return [Feature(f.feature, f.verdict, f.detail) for f in found.findings], ""
+
+
+class ProbeFailed(Exception):
+    """A plain chat request failed: no feature can be told."""
