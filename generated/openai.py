@@ -143,21 +143,12 @@ class PredictionContent(TypedDict):
     content: str | list[ChatCompletionRequestMessageContentPartText]
 
 
-class Voice(TypedDict, closed=True):
+class ChatCompletionCustomVoice(TypedDict, closed=True):
     """
-    The voice to speak with (alloy, ash, ballad, coral, echo, sage, shimmer, verse, …).
+    A custom voice, by its id.
     """
 
     id: str
-
-
-class ChatCompletionAudioParam(TypedDict):
-    """
-    Audio output settings; required when `modalities` contains `audio`.
-    """
-
-    voice: str | Voice
-    format: Literal["wav", "aac", "mp3", "flac", "opus", "pcm16"]
 
 
 class ChatCompletionStreamOptions(TypedDict):
@@ -465,6 +456,15 @@ class ChatCompletionRequestToolMessage(TypedDict):
     role: Literal["tool"]
     content: str | list[ChatCompletionRequestMessageContentPartText]
     tool_call_id: str
+
+
+class ChatCompletionAudioParam(TypedDict):
+    """
+    Audio output settings; required when `modalities` contains `audio`.
+    """
+
+    voice: str | ChatCompletionCustomVoice
+    format: Literal["wav", "aac", "mp3", "flac", "opus", "pcm16"]
 
 
 class JsonSchema(TypedDict):
