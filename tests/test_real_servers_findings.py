@@ -124,7 +124,9 @@ def test_a_bad_request_is_tried_once_and_ejects_no_replica(upstream: Upstream, b
         with pytest.raises(DialectError) as failed:  # held to the dialect's document
             upstream.ask(OPENAI, params)
         assert 400 <= failed.value.status < 600
-        assert upstream.requests_seen() == before + 1, "tried more than once"
+        # tried once, or not at all where the gateway refuses it itself (a named tool_choice not
+        # among the tools: the seed's rule, a 400 before any upstream)
+        assert upstream.requests_seen() <= before + 1, "tried more than once"
         assert repeats(said, failed.value.body) == []
     assert ready(upstream)["status"] == "ready"
 

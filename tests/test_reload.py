@@ -4,6 +4,7 @@ changes (`chatgate keys new/revoke --file`), counters survive, and no request fa
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import yaml
 
 from gateway.policy.auth import new_key
 from tests.gateway_process import gateway_process
+from tests.redis_server import running_redis
 from tests.servers import ROOT
 
 KEY, KEY_SHA = new_key()
@@ -24,8 +26,11 @@ PROBE, PROBE_SHA = new_key()  # a key with a tight limit, to see the counters li
 PROBE_LIMIT = 10
 
 
-def base_config(keys_file: Path) -> dict:
-    return {
+def base_config(keys_file: Path, redis_url: str | None = None) -> dict:
+    """`redis_url`: the limit store several workers share (with the memory store, a gateway with
+    per-key limits refuses to start with more than one worker)."""
+    store = {"rate_limits": {"store": "redis", "redis": {"url": redis_url}}} if redis_url else {}
+    return store | {
         "keys": [
             {"name": "steady", "sha256": KEY_SHA},
             {"name": "probe", "sha256": PROBE_SHA, "limits": {"requests_per_minute": PROBE_LIMIT}},
@@ -95,7 +100,12 @@ def remaining(url: str) -> int:
 def test_reloads_under_load_lose_no_request(tmp_path: Path, workers: int):
     keys_file = tmp_path / "keys.yaml"
     keys_file.write_text("[]\n")
-    with gateway_process(tmp_path, base_config(keys_file), "--workers", str(workers)) as gateway:
+    stack = contextlib.ExitStack()
+    redis_url = stack.enter_context(running_redis(tmp_path))[0] if workers > 1 else None
+    with (
+        stack,
+        gateway_process(tmp_path, base_config(keys_file, redis_url), "--workers", str(workers)) as gateway,
+    ):
         config = next(tmp_path.glob("chatgate-*.yaml"))
         with Load(gateway.url) as load:
             until(lambda: len(load.statuses) > 20)
@@ -103,7 +113,7 @@ def test_reloads_under_load_lose_no_request(tmp_path: Path, workers: int):
                 before = remaining(gateway.url)
 
             # a new deployment, by SIGHUP
-            grown = base_config(keys_file)
+            grown = base_config(keys_file, redis_url)
             grown["deployments"].append({"name": "second", "backend": "echo"})
             config.write_text(yaml.safe_dump(grown))
             gateway.signal(signal.SIGHUP)
