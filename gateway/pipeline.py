@@ -144,6 +144,8 @@ class ChatPipeline:
             try:
                 if not first.done():
                     first.cancel()
+                    with contextlib.suppress(BaseException):  # off the generator before closing it
+                        await first
                 await events.aclose()
                 await runtime.release(admission)
             finally:

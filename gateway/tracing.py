@@ -168,7 +168,8 @@ class Tracing:
             try:
                 self.provider.shutdown()
             finally:
-                loop.call_soon_threadsafe(finished)
+                with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits any more
+                    loop.call_soon_threadsafe(finished)
 
         def finished() -> None:
             if not done.done():
