@@ -9,6 +9,7 @@ import contextlib
 import socket
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import orjson
@@ -332,8 +333,11 @@ def test_a_stream_to_a_slow_reader_waits_for_it(gateway: GatewayProcess):
         time.sleep(3)
         queues = unacknowledged_per_connection(port)
         assert split_answer(exchange(gateway, b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n"))[0] == 200
-        for sock in readers:
-            received, _ = read_to_end(sock, timeout=5)
+        # every client reads on at once: read one after another, the last would wait past the
+        # write deadline (30 s) for the 39 before it, and be cut as a reader that takes nothing
+        with ThreadPoolExecutor(len(readers)) as pool:
+            answers = list(pool.map(lambda sock: read_to_end(sock, timeout=20)[0], readers))
+        for received in answers:
             status, _, body = split_answer(received)
             events, _ = dechunk(body)
             assert status == 200 and events.endswith(b"data: [DONE]\n\n")
