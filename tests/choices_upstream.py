@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from tests.loopback_server import LoopbackServer
+from tests.loopback_server import LoopbackServer, read_request
 
 PROMPT_TOKENS = 7
 COMPLETION_TOKENS = 2  # per choice
@@ -42,14 +42,9 @@ class ChoicesUpstream(LoopbackServer):
         assert task is not None
         self.tasks.add(task)
         try:
-            head = await reader.readuntil(b"\r\n\r\n")
-            request_line, *header_lines = head.decode("latin-1").split("\r\n")
-            behaviour = request_line.split(" ")[1].strip("/").split("/")[0]
-            headers = {
-                name.strip().lower(): value.strip()
-                for name, _, value in (line.partition(":") for line in header_lines if line)
-            }
-            body = orjson.loads(await reader.readexactly(int(headers.get("content-length", "0"))))
+            _method, target, _headers, raw = await read_request(reader)
+            behaviour = target.strip("/").split("/")[0]
+            body = orjson.loads(raw)
             self.received.append((behaviour, body))
             k = len(self.received)
             n = (body.get("n") or 1) if behaviour == "honours" else 1

@@ -49,3 +49,15 @@ class LoopbackServer:
         for task in list(self.tasks):
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
+
+
+async def read_request(reader: asyncio.StreamReader) -> tuple[str, str, dict[str, str], bytes]:
+    """One HTTP/1.1 request with a Content-Length body: (method, target, lower-case headers, body)."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    request_line, *header_lines = head.decode("latin-1").split("\r\n")
+    method, target = request_line.split(" ")[:2]
+    headers = {
+        name.strip().lower(): value.strip()
+        for name, _, value in (line.partition(":") for line in header_lines if line)
+    }
+    return method, target, headers, await reader.readexactly(int(headers.get("content-length", "0")))

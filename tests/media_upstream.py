@@ -12,7 +12,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import orjson
 
-from tests.loopback_server import LoopbackServer
+from tests.loopback_server import LoopbackServer, read_request
 
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4  # a small "image"
 BIG_BYTES = 3 * 1024 * 1024  # what /big.png and /endless.png send; the tests allow less
@@ -52,15 +52,7 @@ class MediaUpstream(LoopbackServer):
         assert task is not None
         self.tasks.add(task)
         try:
-            head = await reader.readuntil(b"\r\n\r\n")
-            request_line, *header_lines = head.decode("latin-1").split("\r\n")
-            method, target = request_line.split(" ")[:2]
-            headers = {}
-            for line in header_lines:
-                if line:
-                    name, _, value = line.partition(":")
-                    headers[name.strip().lower()] = value.strip()
-            body = await reader.readexactly(int(headers.get("content-length", "0")))
+            method, target, headers, body = await read_request(reader)
             self.seen.append(Seen(method, target, headers, body))
             await self.answer(method, target, reader, writer)
         except (asyncio.IncompleteReadError, ConnectionError):
