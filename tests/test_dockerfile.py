@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import venv
 import zipfile
 from dataclasses import dataclass
@@ -158,8 +159,8 @@ def test_compose_builds_the_gateway_from_this_dockerfile():
 def installed_wheel(stages, tmp_path_factory) -> Path:
     """A venv holding the wheel built, as the builder stage does, from just the build context.
 
-    The venv sees the system's site-packages for the dependencies, so nothing is downloaded but
-    the build backend; its own install of chatgate comes first on its path.
+    The venv sees the test environment's site-packages for the dependencies, so nothing is
+    downloaded but the build backend; its own install of chatgate comes first on its path.
     """
     root = tmp_path_factory.mktemp("image")
     context = root / "context"
@@ -171,8 +172,14 @@ def installed_wheel(stages, tmp_path_factory) -> Path:
     command = WHEEL_COMMAND.replace("/wheels", str(wheels)).split()
     subprocess.run([sys.executable, "-m", *command], cwd=context, check=True, capture_output=True)
     [wheel] = wheels.glob("chatgate-*.whl")
-    venv.create(root / "venv", system_site_packages=True, with_pip=False)
+    venv.create(root / "venv", with_pip=False)
     python = root / "venv" / "bin" / "python"
+    # The dependencies come from the environment running the tests, which may itself be a venv:
+    # a venv made with system_site_packages would see the base interpreter's packages instead.
+    # A path file appends them after the venv's own site-packages, where the wheel goes.
+    [own] = (root / "venv" / "lib").glob("python*/site-packages")
+    outer = dict.fromkeys(sysconfig.get_path(name) for name in ("purelib", "platlib"))
+    (own / "test-environment.pth").write_text("".join(f"{path}\n" for path in outer))
     subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", str(wheel)],
         check=True,
