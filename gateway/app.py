@@ -26,9 +26,9 @@ from gateway.config import Settings
 from gateway.core.errors import NotFound
 from gateway.core.memory import return_large_blocks
 from gateway.dialects import DIALECTS
-from gateway.dialects.dialect import Dialect, Handler
+from gateway.dialects.dialect import Dialect
 from gateway.dialects.shape import DocumentFacts, OpenAIShaped
-from gateway.front_door import FrontDoor
+from gateway.front_door import FrontDoor, Handler
 from gateway.lifecycle import Lifecycle
 from gateway.pipeline import ChatPipeline
 from gateway.probes.deployments import DeploymentProbes

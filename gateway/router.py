@@ -126,6 +126,10 @@ class LiveDeployment:
         return self.config.served_model
 
     @property
+    def provider(self) -> str:
+        return self.config.provider
+
+    @property
     def healthy(self) -> bool:
         return any(r.healthy for r in self.replicas)
 

@@ -15,14 +15,12 @@ from starlette.responses import Response
 
 from gateway.core.canonical import ChatRequest, Event, Finish, Usage
 from gateway.core.errors import DeploymentForbidden, DeploymentNotFound, GatewayError
-from gateway.dialects.dialect import Dialect, Handler
+from gateway.dialects.dialect import Dialect, Handler, ModelDirectory, OperationCall
 from gateway.dialects.shape import JSON, Answer, OpenAIShaped, RenderedError, StreamState
 
 if TYPE_CHECKING:
     from typing import TypeAlias
 
-    from gateway.call import Call
-    from gateway.runtime import Runtime
     from generated import azure as azure_doc
 
     AzureError: TypeAlias = (
@@ -150,15 +148,15 @@ class AzureTranslator(OpenAIShaped):
         return rendered
 
 
-def operations(runtime: Runtime, translator: OpenAIShaped) -> dict[str, Handler]:
-    async def get_model_info(call: Call) -> Response:
+def operations(runtime: ModelDirectory, translator: OpenAIShaped) -> dict[str, Handler]:
+    async def get_model_info(call: OperationCall) -> Response:
         deployment = runtime.router.route(None, call.headers.get(DEPLOYMENT_HEADER))
         if not call.caller.may_use(deployment.name):
             raise DeploymentForbidden(deployment.name)
         body: azure_doc.ModelInfo = {
             "model_name": deployment.model,
             "model_type": "chat_completion",
-            "model_provider_name": deployment.config.provider,
+            "model_provider_name": deployment.provider,
         }
         return Response(orjson.dumps(body), media_type=JSON)
 

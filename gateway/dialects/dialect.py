@@ -5,20 +5,59 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from starlette.responses import Response
 
 from gateway.dialects.shape import OpenAIShaped
 
-if TYPE_CHECKING:
-    from gateway.call import Call
-    from gateway.runtime import Runtime
-
-Handler = Callable[["Call"], Awaitable[Response]]
+# What a dialect's own operations (models, info, ping) may see of the gateway, as protocols: a
+# dialect module imports no part of the runtime, so the registry that the configuration reads
+# stands below everything that serves (gateway.call.Call and gateway.runtime.Runtime fit these).
 
 
-def no_operations(runtime: Runtime, translator: OpenAIShaped) -> dict[str, Handler]:
+class KeyHolder(Protocol):
+    def may_use(self, deployment: str, /) -> bool: ...
+
+
+class OperationCall(Protocol):
+    """One request to an operation: its headers (lower-case names), path parameters and caller."""
+
+    @property
+    def headers(self) -> dict[str, str]: ...
+    @property
+    def path_params(self) -> dict[str, str]: ...
+    @property
+    def caller(self) -> KeyHolder: ...
+
+
+class ServedDeployment(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def model(self) -> str: ...
+    @property
+    def provider(self) -> str: ...
+
+
+class Deployments(Protocol):
+    def model_names(self, visible: Callable[[str], bool], /) -> list[str]: ...
+    def route(self, model: str | None, deployment_name: str | None = None, /) -> ServedDeployment: ...
+
+
+class ModelDirectory(Protocol):
+    """The deployments served now (replaced on reload) and when the gateway started."""
+
+    @property
+    def started(self) -> int: ...
+    @property
+    def router(self) -> Deployments: ...
+
+
+Handler = Callable[[OperationCall], Awaitable[Response]]
+
+
+def no_operations(directory: ModelDirectory, translator: OpenAIShaped) -> dict[str, Handler]:
     return {}
 
 
@@ -30,7 +69,7 @@ class Dialect:
     translator: type[OpenAIShaped]
     chat_operations: tuple[str, ...]  # the operationIds the chat pipeline answers
     # the handlers of its other operations, by operationId
-    operations: Callable[[Runtime, OpenAIShaped], dict[str, Handler]] = no_operations
+    operations: Callable[[ModelDirectory, OpenAIShaped], dict[str, Handler]] = no_operations
     routing_header: str | None = None  # a header that names the deployment (Azure's)
     # images named by URL or path are screened by the gateway's media policy before any backend
     # (OVMS's three forms: gateway/policy/media.py); else they are passed on as sent

@@ -14,13 +14,11 @@ from starlette.responses import Response
 
 from gateway.core.canonical import ChatRequest, Event, Finish, TextDelta, TokenBytes
 from gateway.core.errors import GatewayError
-from gateway.dialects.dialect import Dialect, Handler
+from gateway.dialects.dialect import Dialect, Handler, ModelDirectory, OperationCall
 from gateway.dialects.shape import JSON, Answer, OpenAIShaped, StreamState
 from gateway.framing import JSONLines
 
 if TYPE_CHECKING:
-    from gateway.call import Call
-    from gateway.runtime import Runtime
     from generated import lmi as lmi_doc
 
 EXCEPTION_NAMES = {
@@ -97,8 +95,8 @@ class LMITranslator(OpenAIShaped):
         }
 
 
-def operations(runtime: Runtime, translator: OpenAIShaped) -> dict[str, Handler]:
-    async def ping(call: Call) -> Response:
+def operations(runtime: ModelDirectory, translator: OpenAIShaped) -> dict[str, Handler]:
+    async def ping(call: OperationCall) -> Response:
         body: lmi_doc.PingResponse = {"status": "Healthy"}
         return Response(orjson.dumps(body), media_type=JSON)
 

@@ -9,12 +9,10 @@ import orjson
 from starlette.responses import Response
 
 from gateway.core.errors import DeploymentForbidden, GatewayError, ModelNotFound, NotFound
-from gateway.dialects.dialect import Dialect, Handler
+from gateway.dialects.dialect import Dialect, Handler, ModelDirectory, OperationCall
 from gateway.dialects.shape import JSON, OpenAIShaped, RenderedError
 
 if TYPE_CHECKING:
-    from gateway.call import Call
-    from gateway.runtime import Runtime
     from generated import openai as openai_doc
 
 
@@ -47,8 +45,8 @@ def model_body(model_id: str, created: int) -> openai_doc.Model:
     return {"id": model_id, "object": "model", "created": created, "owned_by": "chatgate"}
 
 
-def operations(runtime: Runtime, translator: OpenAIShaped) -> dict[str, Handler]:
-    async def list_models(call: Call) -> Response:
+def operations(runtime: ModelDirectory, translator: OpenAIShaped) -> dict[str, Handler]:
+    async def list_models(call: OperationCall) -> Response:
         listed: openai_doc.ListModelsResponse = {
             "object": "list",
             "data": [
@@ -57,7 +55,7 @@ def operations(runtime: Runtime, translator: OpenAIShaped) -> dict[str, Handler]
         }
         return Response(orjson.dumps(listed), media_type=JSON)
 
-    async def retrieve_model(call: Call) -> Response:
+    async def retrieve_model(call: OperationCall) -> Response:
         model = call.path_params["model"]
         try:
             deployment = runtime.router.route(model)
