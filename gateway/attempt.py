@@ -1,0 +1,280 @@
+"""One try of a request on one replica: its span, the timer on the upstream's waits, the relay
+of its events, the replica's health verdict, and the upstream's stream closed however it ends."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Literal
+
+from gateway.core.canonical import (
+    ChatRequest,
+    EventStream,
+    Item,
+    RefusalDelta,
+    TextDelta,
+    ToolCallDelta,
+    Usage,
+)
+from gateway.core.errors import (
+    BadGateway,
+    GatewayError,
+    GatewayTimeout,
+    ServiceUnavailable,
+    TooManyRequests,
+    UpstreamAnswerTooLarge,
+    UpstreamBusy,
+    UpstreamRefused,
+    UpstreamUnreachable,
+)
+from gateway.metrics import Metrics
+from gateway.record import RequestRecord
+from gateway.router import LiveDeployment, Replica
+from gateway.tracing import Tracing
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
+# Longest run of events relayed without giving the event loop a turn.
+TURN_SECONDS = 0.005
+# Upstream failures worth another replica: it is down, broken, or busy (connection errors, 5xx,
+# 429, timeouts). An upstream's 4xx is the request's own fault: never retried, no health mark.
+RETRYABLE = (BadGateway, ServiceUnavailable, TooManyRequests, GatewayTimeout)
+# ... except these, which another try gets again: the gateway's credentials refused (401/403),
+# an answer too large to relay. No health mark either.
+NOT_RETRIED = (UpstreamRefused, UpstreamAnswerTooLarge)
+
+
+Verdict = Literal["busy", "down", "failed", "failed-now", "none"]
+
+
+def verdict_of(error: GatewayError) -> Verdict:
+    """What an upstream failure says of the replica that gave it."""
+    if isinstance(error, TooManyRequests | UpstreamBusy):
+        return "busy"  # it said so (429), or its connections are all taken: not broken
+    if isinstance(error, UpstreamUnreachable | GatewayTimeout):
+        return "down"
+    return "failed"
+
+
+def delivered_tokens(event: TextDelta | RefusalDelta | ToolCallDelta) -> int:
+    """The completion tokens one relayed event holds, for an answer that ends without its usage:
+    its logprob entries, else its words (at least one for any text: a streamed fragment is a
+    token or more), as the openai-compatible backend estimates an upstream's missing usage."""
+    if isinstance(event, ToolCallDelta):
+        text = event.arguments
+    elif event.logprobs:
+        return len(event.logprobs)
+    else:
+        text = event.text
+    return len(text.split()) or (1 if text else 0)
+
+
+def retry_after(error: GatewayError) -> float:
+    try:
+        return float(error.headers.get("Retry-After", 0))
+    except ValueError:
+        return 0.0
+
+
+class Watchdog:
+    """Times the waits for an upstream's next event with one timer per stream, not one per event.
+
+    Only the wait for the upstream is timed (a slow client must not look like a slow model);
+    the timer is re-armed lazily, when it fires and finds the deadline has moved on.
+    """
+
+    def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.handle: asyncio.TimerHandle | None = None
+        self.deadline = 0.0
+        self.waiting: asyncio.Task | None = None
+        self.fired = False
+
+    async def next(self, events: EventStream, timeout: float, what: str) -> Item | None:
+        self.deadline = self.loop.time() + timeout
+        if self.handle is None or self.handle.when() > self.deadline:
+            if self.handle is not None:
+                self.handle.cancel()
+            self.handle = self.loop.call_at(self.deadline, self.check)
+        self.waiting = asyncio.current_task()
+        try:
+            return await anext(events, None)
+        except asyncio.CancelledError:
+            if not self.fired:
+                raise
+            self.fired = False
+            if self.waiting is not None:
+                self.waiting.uncancel()
+            raise GatewayTimeout(
+                f"The model did not answer in time ({what}: {timeout:g}s).", code="UpstreamTimeout"
+            ) from None
+        finally:
+            self.waiting = None
+
+    def check(self) -> None:
+        self.handle = None
+        if self.waiting is None:
+            return  # not waiting now: the next wait re-arms
+        if self.loop.time() >= self.deadline:
+            self.fired = True
+            self.waiting.cancel()
+        else:
+            self.handle = self.loop.call_at(self.deadline, self.check)
+
+    def stop(self) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
+
+
+class Attempt:
+    """A request on one replica, from its start to its verdict.
+
+    `first()` waits for the first event (the time to first token); before it, a failure may be
+    tried elsewhere (`failed`, `abandon`); after it, `relay()` passes the rest on."""
+
+    def __init__(
+        self,
+        live: LiveDeployment,
+        replica: Replica,
+        request: ChatRequest,
+        record: RequestRecord,
+        deadline: float,
+        metrics: Metrics,
+        tracing: Tracing | None,
+        on_usage: Callable[[Usage], Awaitable[None]] | None,
+    ) -> None:
+        self.live, self.replica = live, replica
+        self.request, self.record = request, record
+        self.deadline = deadline
+        self.metrics = metrics
+        self.on_usage = on_usage
+        record.deployment, record.replica = live.name, replica.name
+        replica.started()
+        self.begun = time.monotonic()
+        metrics.replica_health(live.name, replica)
+        self.span = self.start_span(tracing)
+        self.events = replica.backend.generate(request)
+        self.watchdog = Watchdog()
+
+    def start_span(self, tracing: Tracing | None) -> Span | None:
+        """A client span for this attempt, under the request's server span; the upstream gets its
+        traceparent (with tracing off, the client's own goes on as it came)."""
+        if tracing is None or self.record.span is None:
+            return None
+        live, request = self.live, self.request
+        model = request.model or live.model
+        span = tracing.client_span(self.record.span, live.name, self.replica.name, live.config.backend, model)
+        carried = tracing.traceparent(span)
+        request.trace.traceparent = carried.get("traceparent", request.trace.traceparent)
+        return span
+
+    def end_span(self) -> None:
+        if self.span is not None:
+            self.span.end()
+
+    async def first(self) -> Item | None:
+        timeout = min(self.live.config.timeouts.first_token, self.deadline - time.monotonic())
+        return await self.watchdog.next(self.events, timeout, "time to first token")
+
+    async def relay(self, first: Item | None) -> EventStream:
+        """The rest of a stream that has begun: idle and total timeouts, health verdict. An
+        answer that ends without its usage (the client gone, the upstream cut or timed out) is
+        charged what was relayed: the prompt as admission counted it, and the tokens passed on
+        (`delivered_tokens`)."""
+        idle = self.live.config.timeouts.idle
+        record, span, on_usage = self.record, self.span, self.on_usage
+        relayed = 0  # completion tokens passed on, while no usage has come
+        usage_seen = False
+        item = first
+        clock = self.watchdog.loop.time
+        turn_at = clock() + TURN_SECONDS
+        try:
+            while item is not None:
+                for event in item if isinstance(item, list) else (item,):
+                    if isinstance(event, TextDelta | RefusalDelta | ToolCallDelta):
+                        record.first_token()
+                        relayed += delivered_tokens(event)
+                    elif isinstance(event, Usage):
+                        usage_seen = True
+                        record.prompt_tokens = event.prompt_tokens
+                        record.completion_tokens = event.completion_tokens
+                        if span is not None:
+                            span.set_attributes(
+                                {
+                                    "gen_ai.usage.input_tokens": event.prompt_tokens,
+                                    "gen_ai.usage.output_tokens": event.completion_tokens,
+                                }
+                            )
+                        if on_usage is not None:
+                            await on_usage(event)
+                yield item
+                if clock() >= turn_at:
+                    # A backend with events ready (echo, a buffered upstream) and a client that
+                    # takes them without waiting (or has gone, so sends return at once) would
+                    # never suspend: give the loop a turn, so other requests are served and a
+                    # disconnect is heard (it cancels this task here).
+                    await asyncio.sleep(0)
+                    turn_at = clock() + TURN_SECONDS
+                remaining = self.deadline - time.monotonic()
+                if remaining <= 0:
+                    raise GatewayTimeout("The request took longer than its total time.", code="TotalTimeout")
+                what = "idle between chunks" if idle <= remaining else "total time"
+                item = await self.watchdog.next(self.events, min(idle, remaining), what)
+        except NOT_RETRIED as error:
+            await self.failed(error, verdict="none")
+            raise
+        except RETRYABLE as error:
+            # the answer had begun: a replica that breaks off (or goes quiet) is to blame
+            verdict = verdict_of(error)
+            await self.failed(error, "failed-now" if verdict == "failed" else verdict)
+            raise
+        except GatewayError as error:
+            self.span_failed(error)
+            await self.abandon()
+            raise
+        except BaseException:  # the client went away (GeneratorExit, cancellation)
+            await self.abandon()
+            raise
+        finally:
+            if not usage_seen:  # closing just before the usage must not make the answer free
+                prompt_tokens = self.request.prompt_tokens
+                record.prompt_tokens, record.completion_tokens = prompt_tokens, relayed
+                if on_usage is not None:
+                    await on_usage(Usage(prompt_tokens, relayed))
+        self.watchdog.stop()
+        self.replica.succeeded(time.monotonic() - self.begun)
+        self.metrics.replica_health(self.live.name, self.replica)
+
+    def span_failed(self, error: GatewayError) -> None:
+        if self.span is not None:
+            from opentelemetry.trace import Status, StatusCode
+
+            self.span.set_attributes({"error.type": error.code, "http.response.status_code": error.status})
+            self.span.set_status(Status(StatusCode.ERROR, error.code))
+
+    async def failed(self, error: GatewayError, verdict: Verdict = "failed-now") -> None:
+        """Ended in an upstream error: its span, its timer, the replica's health (by the verdict:
+        "down" ejects it, "failed-now" marks it, "failed" leaves the mark to the request's later
+        attempts, "busy" and "none" mark nothing), the error counted, the upstream's stream
+        closed."""
+        self.span_failed(error)
+        self.watchdog.stop()
+        replica = self.replica
+        if verdict == "down":
+            replica.eject()
+        elif verdict == "failed-now":
+            replica.failed()
+        else:
+            replica.finished_without_verdict()
+        self.metrics.upstream_error(self.live.name, replica.name, error)
+        self.metrics.replica_health(self.live.name, replica)
+        await self.events.aclose()
+
+    async def abandon(self) -> None:
+        """Ended by something that says nothing of the replica (the client gone, a gateway error)."""
+        self.watchdog.stop()
+        self.replica.finished_without_verdict()
+        await self.events.aclose()
