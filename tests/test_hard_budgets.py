@@ -133,7 +133,10 @@ def test_a_hard_reservation_of_a_stream_hung_up_on_settles_to_what_was_relayed(
                 break
             httpx.get(f"{gateway.url}/health")
         assert left == BUDGET - charged
+        started = gateway.output()
     if store == "redis":
+        port = redis_url.split(":")[2].split("/")[0]
+        assert f"Redis for limits and budgets at 127.0.0.1:{port}/0 answers" in started, started
         client = redis.Redis.from_url(redis_url)
         (name,) = client.scan_iter(match="*budget*:account")
         assert float(client.hget(name, "spent")) == charged and float(client.hget(name, "held")) == 0

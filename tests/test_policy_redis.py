@@ -102,8 +102,8 @@ def test_unreachable_redis(tmp_path, log_dir, on_error, status):
         ]
     assert [r.status_code for r in responses] == [status] * 6
     log = max(log_dir.glob("gateway-*.log"), key=lambda p: p.stat().st_mtime).read_text()
-    assert log.count("breaker open") == 1 and on_error in log
+    assert log.count("rate-limit store") == 1 and "breaker open" in log and on_error in log
     said = [line for line in log.splitlines() if "cannot be reached" in line]
     assert len(said) == 1, log
-    assert f"Redis at 127.0.0.1:{dead.split(':')[2].split('/')[0]}/0" in said[0]
+    assert f"Redis for limits and budgets at 127.0.0.1:{dead.split(':')[2].split('/')[0]}/0" in said[0]
     assert ("refused with 503" if status == 503 else "admitted without limits") in said[0]

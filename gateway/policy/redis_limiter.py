@@ -363,13 +363,13 @@ class RedisLimiter:
                 else "requests are refused with 503 (on_error: fail-closed)"
             )
             return logging.WARNING, (
-                f"rate-limit store: Redis at {self.where()} cannot be reached ({type(error).__name__}); "
-                f"until it answers, {until}"
+                f"Redis for limits and budgets at {self.where()} cannot be reached "
+                f"({type(error).__name__}); until it answers, {until}"
             )
         self.offset = seconds + micros / 1e6 - self.clock()
         return logging.INFO, (
-            f"rate-limit store: Redis at {self.where()} answers; budget periods follow its clock "
-            f"({self.offset:+.3f} s from this host's)"
+            f"Redis for limits and budgets at {self.where()} answers; budget periods follow its "
+            f"clock ({self.offset:+.3f} s from this host's)"
         )
 
     async def reachable(self) -> bool:
