@@ -141,7 +141,8 @@ class Limiter(Protocol):
 
     async def reserve(self, reservation: Reservation) -> tuple[Account, float] | None:
         """Hold the reservation's amounts against every account, or nothing if one would go past
-        its budget: then (that account, what it has spent and holds)."""
+        its budget: then (that account, what it has spent and holds). An account of a period the
+        store's clock is not in is moved to the one it is in (`reservation.accounts` replaced)."""
         ...
 
     async def settle(self, reservation: Reservation, used: list[float]) -> None:
