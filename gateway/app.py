@@ -177,6 +177,8 @@ def create_app(
         gc.set_threshold(YOUNG_GC_THRESHOLD, *gc.get_threshold()[1:])
         return_large_blocks()  # a large answer's memory goes back to the system (gateway/core/memory.py)
         live.probes.start()  # in the background: start waits for none of it
+        if (said := await live.runtime.limiter.started()) is not None:
+            log.log(*said)  # once per worker: where the limit store is, and whether it answers
         yield
         await live.probes.aclose()
         await live.runtime.aclose()

@@ -219,6 +219,12 @@ class Budget(Strict):
     tokens: int | None = Field(default=None, ge=1)
     cost: float | None = Field(default=None, gt=0, description="in the unit the prices are in")
     per: Literal["day", "week", "month"]
+    hard: bool = Field(
+        default=False,
+        description="admission reserves the most a request may use (its prompt and max_tokens, or "
+        "the deployment's default), so the budget is never passed; a soft budget reserves only the "
+        "prompt and may be passed by what the requests in flight generate",
+    )
 
     @model_validator(mode="after")
     def one_measure(self) -> Budget:

@@ -15,7 +15,7 @@ from gateway.dispatch import Dispatcher
 from gateway.metrics import Metrics
 from gateway.policy import capabilities
 from gateway.policy.auth import Caller, KeyStore
-from gateway.policy.budgets import Reservation, accounts, exhausted, reservation, used
+from gateway.policy.budgets import Reservation, accounts, exhausted, most_generated, reservation, used
 from gateway.policy.content_filter import Filter
 from gateway.policy.extra_params import DROPPED_HEADER, apply_extra_params, dropped_header, resolve_policy
 from gateway.policy.extra_params import HEADER as EXTRA_PARAMS_HEADER
@@ -134,12 +134,18 @@ class Runtime:
         if dropped:
             admission.headers.append((DROPPED_HEADER.encode(), dropped_header(dropped)))
         if caller.key is not None and caller.key.budgets:
-            found = accounts(caller.name, caller.key.budgets)
-            held = reservation(found, prompt_tokens, deployment.config.price)
+            budgets = caller.key.budgets
+            found = accounts(caller.name, budgets, self.limiter.now())
+            # a hard budget holds the most the answer may generate, too
+            hard = any(b.hard for b in budgets)
+            completion = most_generated(request, deployment.capabilities) if hard else 0
+            held = reservation(found, prompt_tokens, deployment.config.price, completion)
             used_up = await self.limiter.reserve(held)
             if used_up is not None:
                 record.rate_limited = "budget"
-                raise exhausted(*used_up)
+                account, spent = used_up
+                asked = held.amounts[held.accounts.index(account)]
+                raise exhausted(account, spent, asked, self.limiter.now())
             admission.reservation = held
         return admission
 

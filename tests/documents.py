@@ -47,6 +47,15 @@ def response_errors(
     return [f"{list(e.instance_path)}: {e.message}" for e in validator.iter_errors(body)]
 
 
+def documented_headers(spec_file: str, path: str, method: str, status: int) -> dict[str, dict[str, Any]]:
+    """The headers a response is documented with: lower-cased name → its schema (read from the
+    document as written: its JSON Schema form drops every `x-` key, header names included)."""
+    root = load_document(spec_file)
+    documented = resolve(root, root["paths"][path][method]["responses"][str(status)])
+    headers = documented.get("headers", {})
+    return {name.lower(): resolve(root, header)["schema"] for name, header in headers.items()}
+
+
 @cache
 def response_validator(
     spec_file: str, path: str, method: str, status: int, media_type: str

@@ -17,7 +17,7 @@ from gateway.config import Budget
 from gateway.policy.auth import new_key
 from gateway.policy.budgets import period_bounds
 from tests.dialect_routes import main_routes
-from tests.documents import response_errors
+from tests.documents import documented_headers, response_errors
 from tests.redis_server import running_redis
 from tests.servers import running_gateway
 
@@ -126,6 +126,11 @@ def test_a_cost_budget_refuses_in_every_dialects_shape(tmp_path: Path, log_dir: 
     assert refused.status_code == 429
     assert response_errors(route.document, route.doc_path, "post", 429, refused.json()) == []
     assert "budget" in refused.text and "month" in refused.text
+    # the refusal's headers are the document's (issue 28: x-budget-reset was in none)
+    declared = documented_headers(route.document, route.doc_path, "post", 429)
+    assert declared["x-budget-reset"] == {"type": "string", "format": "date-time"}
+    assert {"retry-after", "x-budget-reset"} <= declared.keys()
+    assert datetime.fromisoformat(refused.headers["x-budget-reset"]).day == 1  # the next month's start
 
 
 def test_a_failed_request_gives_its_reservation_back(tmp_path: Path, log_dir: Path):

@@ -225,10 +225,37 @@ def test_the_replicas_share_limits_in_the_redis_service(objects, tmp_path, monke
     url = urlsplit(settings.rate_limits.redis.url)
     service = find(objects, "Service", url.hostname)
     assert url.port in {p["port"] for p in service["spec"]["ports"]}
-    redis = find(objects, "Deployment", url.hostname)
+    redis = find(objects, "StatefulSet", url.hostname)
     assert service["spec"]["selector"].items() <= redis["spec"]["template"]["metadata"]["labels"].items()
     policy = find(objects, "NetworkPolicy", "redis")
     assert policy["spec"]["ingress"][0]["from"] == [{"podSelector": {"matchLabels": GATEWAY_LABELS}}]
+
+
+def option(args: list[str], name: str) -> str | None:
+    """The value after `--name` in redis-server's arguments (the last one given wins)."""
+    values = [args[i + 1] for i, arg in enumerate(args[:-1]) if arg == f"--{name}"]
+    return values[-1] if values else None
+
+
+def test_redis_keeps_the_budgets_on_a_persistent_volume(objects):
+    """Regression (issue 28, item 6): Redis ran with `--save "" --appendonly no` on an emptyDir,
+    so a restart reset every monthly budget. It now writes its append-only file, fsynced every
+    second, into the directory a PersistentVolumeClaim of its StatefulSet backs, and evicts
+    nothing."""
+    redis = find(objects, "StatefulSet", "redis")
+    server = container(redis)
+    args = server["args"]
+    assert args[0] == "redis-server"
+    assert option(args, "appendonly") == "yes" and option(args, "appendfsync") in {"everysec", "always"}
+    assert option(args, "maxmemory-policy") == "noeviction"
+    mounted = {m["name"]: m["mountPath"] for m in server["volumeMounts"]}
+    claims = {c["metadata"]["name"]: c for c in redis["spec"]["volumeClaimTemplates"]}
+    data = [name for name, path in mounted.items() if path == option(args, "dir")]
+    assert data and data[0] in claims, (mounted, option(args, "dir"))
+    assert claims[data[0]]["spec"]["resources"]["requests"]["storage"]
+    assert not redis["spec"]["template"]["spec"].get("volumes")  # no emptyDir in its place
+    assert redis["spec"]["serviceName"] == "redis" and redis["spec"]["replicas"] == 1
+    assert redis["spec"]["template"]["spec"]["securityContext"]["fsGroup"]  # the volume is writable
 
 
 def test_tgi_runs_the_pinned_image_on_a_gpu_with_a_model_cache(tgi_objects):

@@ -4,15 +4,16 @@ Redis store's connections under more calls than it holds (a real Redis)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 
 import pytest
 import redis
 
-from gateway.config import Budget, RedisLimits
+from gateway.config import Budget, Price, RedisLimits
 from gateway.core.errors import ServiceUnavailable
-from gateway.policy.budgets import Account, accounts, reservation
+from gateway.policy.budgets import Account, accounts, period_bounds, reservation
 from gateway.policy.limits import Bucket, MemoryLimiter
 from gateway.policy.redis_limiter import RedisLimiter
 from tests.redis_server import running_redis
@@ -79,7 +80,7 @@ def test_a_call_that_waits_too_long_for_a_connection_is_not_a_store_failure(redi
 
 
 def account(budget: float = 10) -> Account:
-    return accounts("k", [Budget(tokens=int(budget), per="day")], datetime.now(UTC))[0]
+    return accounts("k", [Budget(tokens=int(budget), per="day")], time.time())[0]
 
 
 def test_settling_after_a_flush_releases_nothing_and_adds_what_was_used(redis_url):
@@ -207,3 +208,83 @@ def test_a_probe_cancelled_midway_does_not_keep_the_breaker_open(redis_url):
 
     allowed, still_open = asyncio.run(scenario())
     assert allowed and not still_open
+
+
+def test_a_hard_budget_reserves_the_prompt_and_the_most_the_answer_may_generate():
+    """A soft budget holds the prompt; a hard one the prompt and the completion bound, priced
+    as output for a cost budget."""
+    price = Price(input=2.0, output=10.0)
+    found = accounts(
+        "k",
+        [
+            Budget(tokens=1000, per="day"),
+            Budget(tokens=1000, per="day", hard=True),
+            Budget(cost=1.0, per="month", hard=True),
+        ],
+        time.time(),
+    )
+    held = reservation(found, 30, price, completion=200)
+    assert held.amounts == [30, 230, pytest.approx((30 * 2.0 + 200 * 10.0) / 1e6)]
+
+
+def next_midnight(now: float) -> float:
+    return period_bounds("day", datetime.fromtimestamp(now, UTC))[1].timestamp()
+
+
+@pytest.mark.parametrize("skew", ["a day ahead", "a day behind"])
+def test_budget_periods_follow_redis_clock_not_the_gateways(redis_url, skew):
+    """A gateway whose clock says another day than Redis's (skewed through its injectable clock)
+    holds and spends in Redis's day: the store tells the script's time, the reservation moves to
+    its period, and the next request reads the period on Redis's clock at once. A gateway with
+    the right clock sees the same account."""
+    store = redis.Redis.from_url(redis_url)
+    store.flushall()
+    seconds, micros = store.time()
+    redis_now = seconds + micros / 1e6
+    today = period_bounds("day", datetime.fromtimestamp(redis_now, UTC))[0]
+    offset = (next_midnight(redis_now) - redis_now + 60) if skew == "a day ahead" else -86_400.0
+    budget = [Budget(tokens=10, per="day")]
+
+    async def scenario() -> tuple:
+        skewed = RedisLimiter(RedisLimits(url=redis_url), clock=lambda: time.time() + offset)
+        first = reservation(accounts("k", budget, skewed.now()), 6, None)
+        wrong_day = first.accounts[0].starts
+        assert await skewed.reserve(first) is None
+        after = skewed.now()
+        await skewed.settle(first, [6.0])
+        right = RedisLimiter(RedisLimits(url=redis_url))
+        refused = await right.reserve(reservation(accounts("k", budget, time.time()), 6, None))
+        await skewed.aclose()
+        await right.aclose()
+        return wrong_day, first.accounts[0].starts, after, refused
+
+    wrong_day, held_in, after, refused = asyncio.run(scenario())
+    assert wrong_day != today  # the gateway's own clock named another day
+    assert held_in == today  # Redis's day
+    assert abs(after - time.time()) < 2  # the skew measured from Redis's answer
+    assert refused is not None and refused[1] == 6.0  # the right clock sees the same account
+    names = [name.decode() for name in store.scan_iter(match="*budget*:account")]
+    assert names == [f"chatgate:limits:budget:k:tokens:day:{int(today.timestamp())}:account"]
+
+
+def test_the_memory_store_starts_a_new_period_at_its_own_clock_s_midnight():
+    """The memory store reads periods on this host's clock: a budget used up just before
+    midnight admits again just after it, even for a reservation computed before it."""
+    clock = [next_midnight(time.time()) - 1.0]
+    budget = [Budget(tokens=10, per="day")]
+
+    async def scenario() -> list:
+        limiter = MemoryLimiter(clock=lambda: clock[0])
+        spent = reservation(accounts("k", budget, limiter.now()), 10, None)
+        steps = [await limiter.reserve(spent)]
+        await limiter.settle(spent, [10.0])
+        steps.append(await limiter.reserve(reservation(accounts("k", budget, limiter.now()), 1, None)))
+        late = reservation(accounts("k", budget, limiter.now()), 1, None)  # read before midnight
+        clock[0] += 2.0
+        steps.append(await limiter.reserve(late))
+        steps.append(late.accounts[0].starts.timestamp() == next_midnight(clock[0] - 2.0))
+        return steps
+
+    held, refused, next_day, moved = asyncio.run(scenario())
+    assert held is None and refused is not None and refused[1] == 10.0
+    assert next_day is None and moved

@@ -86,7 +86,8 @@ def test_tokens_per_minute_hold_across_processes(two_gateways):
 
 @pytest.mark.parametrize(("on_error", "status"), [("fail-closed", 503), ("fail-open", 200)])
 def test_unreachable_redis(tmp_path, log_dir, on_error, status):
-    """Every request is answered as the mode says; the outage is logged once, not per request."""
+    """Every request is answered as the mode says; the outage is logged once, not per request,
+    and the start says in one line that the store cannot be reached and what requests get."""
     dead = f"redis://127.0.0.1:{free_port()}/0"
     config = write_config(tmp_path / "config.yaml", dead, {"requests_per_minute": 10}, on_error)
     with running_gateway(log_dir, config) as url:
@@ -102,3 +103,7 @@ def test_unreachable_redis(tmp_path, log_dir, on_error, status):
     assert [r.status_code for r in responses] == [status] * 6
     log = max(log_dir.glob("gateway-*.log"), key=lambda p: p.stat().st_mtime).read_text()
     assert log.count("rate-limit store") == 1 and "breaker open" in log and on_error in log
+    said = [line for line in log.splitlines() if "cannot be reached" in line]
+    assert len(said) == 1, log
+    assert f"Redis for limits and budgets at 127.0.0.1:{dead.split(':')[2].split('/')[0]}/0" in said[0]
+    assert ("refused with 503" if status == 503 else "admitted without limits") in said[0]

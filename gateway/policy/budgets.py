@@ -1,12 +1,15 @@
 """Budgets: how much a key may use per calendar day, week or month (UTC), in tokens or in cost.
 
-At admission the request's estimated prompt is reserved against every budget of its key, in the
-rate-limit store, atomically (the store refuses when a budget would go past its amount). The
+At admission each budget of the key gets a reservation in the rate-limit store, atomically (the
+store refuses when a budget would go past its amount): the estimated prompt for a soft budget,
+the prompt and the most the answer may generate (`max_tokens`, n times) for a `hard` one. The
 reservation is held apart from what was spent: settling it releases it and adds what the answer
-used (nothing, for an answer that failed), so an account never goes below zero, even when the
-store lost the reservation meanwhile. In Redis a reservation is a lease its gateway renews while
-the request runs: one whose gateway died stops counting when the lease runs out. A refused
-request gets 429 saying which budget and when it resets.
+used (what was relayed, for one that ended early), so an account never goes below zero, even
+when the store lost the reservation meanwhile. In Redis a reservation is a lease its gateway
+renews while the request runs: one whose gateway died stops counting when the lease runs out.
+Periods are read on the store's clock (Redis's TIME; this host's for the memory store), so every
+gateway starts a new day when the store does. A refused request gets 429 saying which budget and
+when it resets.
 """
 
 from __future__ import annotations
@@ -16,9 +19,10 @@ import secrets
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
+from backends.base import Capabilities
 from gateway.config import Budget, Price
-from gateway.core.canonical import Usage
-from gateway.core.errors import TooManyRequests
+from gateway.core.canonical import ChatRequest, Usage
+from gateway.core.errors import BadRequest, TooManyRequests
 
 PERIOD_WORDS = {"day": "a day", "week": "a week", "month": "a month"}
 
@@ -54,9 +58,10 @@ class Account:
         return f"budget:{self.key}:{self.budget.measure}:{self.budget.per}:{int(self.starts.timestamp())}"
 
     @property
-    def ttl(self) -> int:
-        """Seconds the store keeps the account: past the period, a little."""
-        return max(60, math.ceil((self.resets - datetime.now(UTC)).total_seconds()) + 3600)
+    def forgotten_at(self) -> float:
+        """When the store may forget the account (epoch seconds, its clock): past the period,
+        a little (an answer still running at the reset settles into it)."""
+        return self.resets.timestamp() + 3600
 
     def spend(
         self, tokens: float, price: Price | None, prompt: float = 0.0, completion: float = 0.0
@@ -68,16 +73,29 @@ class Account:
             return 0.0
         return (prompt * price.input + completion * price.output) / 1_000_000
 
+    def in_period(self, now: float) -> bool:
+        return self.starts.timestamp() <= now < self.resets.timestamp()
 
-def accounts(key: str, budgets: list[Budget], now: datetime | None = None) -> list[Account]:
-    now = now or datetime.now(UTC)
-    return [Account(key, b, *period_bounds(b.per, now)) for b in budgets]
+    def moved_to(self, now: float) -> Account:
+        """The same budget's account in the period holding `now` (epoch seconds)."""
+        return Account(self.key, self.budget, *period_bounds(self.budget.per, at(now)))
+
+
+def at(now: float) -> datetime:
+    return datetime.fromtimestamp(now, UTC)
+
+
+def accounts(key: str, budgets: list[Budget], now: float) -> list[Account]:
+    """The key's accounts in the periods holding `now` (epoch seconds, on the store's clock)."""
+    moment = at(now)
+    return [Account(key, b, *period_bounds(b.per, moment)) for b in budgets]
 
 
 @dataclass(slots=True, weakref_slot=True)
 class Reservation:
     """What admission holds against a key's accounts until the answer settles it, once, to what it
-    used. `id` names it in the store; the amount held may be any estimate (the prompt today)."""
+    used. `id` names it in the store; `amounts` are what it holds of each account (the store may
+    move `accounts` to the period its clock is in)."""
 
     accounts: list[Account]
     amounts: list[float]
@@ -85,9 +103,35 @@ class Reservation:
     settled: bool = False
 
 
-def reservation(found: list[Account], prompt_tokens: int, price: Price | None) -> Reservation:
-    """What admission reserves against each account: the estimated prompt."""
-    return Reservation(found, [a.spend(prompt_tokens, price, prompt=prompt_tokens) for a in found])
+def most_generated(request: ChatRequest, capabilities: Capabilities) -> int:
+    """The most completion tokens a request may be answered with: n times its `max_tokens` (the
+    deployment's default when it named none), else what the model's context leaves. A request
+    with no bound at all cannot be held against a hard budget: it is refused, naming the fix."""
+    if request.max_tokens is not None:
+        return request.n * request.max_tokens
+    if capabilities.context_length is not None:
+        return request.n * max(0, capabilities.context_length - request.prompt_tokens)
+    raise BadRequest(
+        "This key has a hard budget and the deployment sets no default maximum: the request must "
+        "say how many tokens it may generate (max_tokens or max_completion_tokens).",
+        param="max_tokens",
+        loc=["body", "max_tokens"],
+        code="MaxTokensRequired",
+    )
+
+
+def reservation(
+    found: list[Account], prompt_tokens: int, price: Price | None, completion: int = 0
+) -> Reservation:
+    """What admission reserves against each account: the estimated prompt, and for a hard budget
+    the `completion` tokens the answer may add."""
+    amounts = [
+        a.spend(prompt_tokens + completion, price, prompt_tokens, completion)
+        if a.budget.hard
+        else a.spend(prompt_tokens, price, prompt=prompt_tokens)
+        for a in found
+    ]
+    return Reservation(found, amounts)
 
 
 def used(found: list[Account], usage: Usage | None, price: Price | None) -> list[float]:
@@ -97,14 +141,29 @@ def used(found: list[Account], usage: Usage | None, price: Price | None) -> list
     return [a.spend(usage.total_tokens, price, usage.prompt_tokens, usage.completion_tokens) for a in found]
 
 
-def exhausted(account: Account, spent: float) -> TooManyRequests:
+def number(value: float, measure: str) -> str:
+    return f"{value:,.0f} tokens" if measure == "tokens" else f"{value:,.6g} in cost"
+
+
+def exhausted(account: Account, spent: float, asked: float, now: float) -> TooManyRequests:
+    """The 429 of a budget that cannot hold what the request reserves (`asked`): `spent` is what
+    the account has spent and holds, `now` the store's time."""
     budget = account.budget
-    amount = f"{budget.tokens:,} tokens" if budget.measure == "tokens" else f"{budget.cost:g} in cost"
+    amount = number(budget.amount, budget.measure)
     resets = account.resets.strftime("%Y-%m-%dT%H:%M:%SZ")
-    retry_after = max(1, math.ceil((account.resets - datetime.now(UTC)).total_seconds()))
+    retry_after = max(1, math.ceil(account.resets.timestamp() - now))
+    if budget.hard:
+        left = max(0.0, budget.amount - spent)
+        message = (
+            f"The hard budget of key '{account.key}' for {PERIOD_WORDS[budget.per]} ({amount}) has "
+            f"{number(left, budget.measure)} left ({spent:,.6g} spent or held); this request may "
+            f"use up to {number(asked, budget.measure)} (its prompt and max_tokens); it resets at {resets}."
+        )
+    else:
+        message = (
+            f"The budget of key '{account.key}' for {PERIOD_WORDS[budget.per]} ({amount}) is used up "
+            f"({spent:,.6g} spent); it resets at {resets}."
+        )
     return TooManyRequests(
-        f"The budget of key '{account.key}' for {PERIOD_WORDS[budget.per]} ({amount}) is used up "
-        f"({spent:,.6g} spent); it resets at {resets}.",
-        code="BudgetExceeded",
-        headers={"Retry-After": str(retry_after), "x-budget-reset": resets},
+        message, code="BudgetExceeded", headers={"Retry-After": str(retry_after), "x-budget-reset": resets}
     )

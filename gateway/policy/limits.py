@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -140,7 +141,8 @@ class Limiter(Protocol):
 
     async def reserve(self, reservation: Reservation) -> tuple[Account, float] | None:
         """Hold the reservation's amounts against every account, or nothing if one would go past
-        its budget: then (that account, what it has spent and holds)."""
+        its budget: then (that account, what it has spent and holds). An account of a period the
+        store's clock is not in is moved to the one it is in (`reservation.accounts` replaced)."""
         ...
 
     async def settle(self, reservation: Reservation, used: list[float]) -> None:
@@ -148,8 +150,17 @@ class Limiter(Protocol):
         budgets say (called once per reservation)."""
         ...
 
+    def now(self) -> float:
+        """The store's time (epoch seconds), as best known: what budget periods follow."""
+        ...
+
     async def reachable(self) -> bool:
         """Whether the store answers now (for /ready)."""
+        ...
+
+    async def started(self) -> tuple[int, str] | None:
+        """What the log says of the store at start, and at which level (where it is, whether it
+        answers, what the gateway does while it does not); None: nothing to say."""
         ...
 
     async def aclose(self) -> None: ...
@@ -167,11 +178,13 @@ class MemoryAccount:
 
 class MemoryLimiter:
     """Every counter in this process. A reservation lives until it is settled: the store cannot
-    outlive the gateway that holds it, so it needs no lease."""
+    outlive the gateway that holds it, so it needs no lease. Budget periods follow `clock`
+    (this host's)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self.levels: dict[str, tuple[float, float]] = {}  # bucket name → (level, when)
         self.accounts: dict[str, MemoryAccount] = {}  # budget account name → its state
+        self.clock = clock
 
     def level(self, bucket: Bucket, now: float) -> float:
         state = self.levels.get(bucket.name)
@@ -210,11 +223,13 @@ class MemoryLimiter:
     def account(self, account: Account, now: float) -> MemoryAccount:
         found = self.accounts.get(account.name)
         if found is None or found.forgotten_at < now:
-            found = self.accounts[account.name] = MemoryAccount(now + account.ttl)
+            found = self.accounts[account.name] = MemoryAccount(account.forgotten_at)
         return found
 
     async def reserve(self, reservation: Reservation) -> tuple[Account, float] | None:
-        now = time.time()
+        now = self.clock()
+        if not all(account.in_period(now) for account in reservation.accounts):
+            reservation.accounts = [account.moved_to(now) for account in reservation.accounts]
         states = [self.account(account, now) for account in reservation.accounts]
         for account, state, amount in zip(reservation.accounts, states, reservation.amounts, strict=True):
             spent = state.spent + state.held_total
@@ -226,17 +241,22 @@ class MemoryLimiter:
         return None
 
     async def settle(self, reservation: Reservation, used: list[float]) -> None:
-        now = time.time()
+        now = self.clock()
         for account, amount in zip(reservation.accounts, used, strict=True):
             state = self.account(account, now)
             held = state.held.pop(reservation.id, None)
             if held is not None:  # a sum of floats: exact zero once nothing is held
                 state.held_total = state.held_total - held if state.held else 0.0
             state.spent += max(0.0, amount)
-            state.forgotten_at = now + account.ttl
+
+    def now(self) -> float:
+        return self.clock()
 
     async def reachable(self) -> bool:
         return True
+
+    async def started(self) -> tuple[int, str] | None:
+        return None  # this process's memory: always there
 
     async def aclose(self) -> None:
         return None

@@ -14,8 +14,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from gateway.config import RedisLimits
@@ -29,6 +31,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("chatgate.limits")
 READY_CHECK_SECONDS = 1.0
 READY_PING_TIMEOUT = 0.5
+PERIOD_ATTEMPTS = 3  # reservations asked for again when Redis's clock was in another budget period
 
 # KEYS: bucket names. ARGV: mode ("take" | "charge"), then per bucket: capacity, cost.
 # Returns: allowed (1/0), then each bucket's level after the call (as a string).
@@ -66,21 +69,29 @@ return result
 # KEYS, per budget account: its hash (`spent`; `held`, the sum of its reservations; and each
 # reservation's amount under 'r:' .. id), its leases (a sorted set: reservation id → when it
 # stops counting), and the plain number an older chatgate kept instead (its spend carries over).
-# ARGV: mode ("reserve" | "settle"), reservation id, lease seconds; per account: budget, amount, ttl.
-# reserve: {0} when held, or {i, spent and held} when account i would go past its budget (nothing
-# held). settle: the reservation is released (where the store still has it) and `amount` spent.
-# Sums are kept in Lua and written back whole (%.17g keeps a double exact); `held` never goes
-# below zero, and a sum under 1e-9 (the dust of float sums) is zero.
+# ARGV: mode ("reserve" | "settle"), reservation id, lease seconds; per account: budget, amount,
+# when the store may forget it, its period's start and end (epoch seconds).
+# reserve: {0, now} when held; {i, spent and held, now} when account i would go past its budget
+# (nothing held); {-1, now} when Redis's clock is outside an account's period (the gateway's
+# clock is off, or the period just ended): nothing held, the gateway asks again for the period
+# holding `now`. settle: the reservation is released (where the store still has it) and `amount`
+# spent. Sums are kept in Lua and written back whole (%.17g keeps a double exact); `held` never
+# goes below zero, and a sum under 1e-9 (the dust of float sums) is zero.
 BUDGET_SCRIPT = """
 local now_parts = redis.call('TIME')
 local now = tonumber(now_parts[1]) + tonumber(now_parts[2]) / 1000000
+local clock = string.format('%.6f', now)
 local mode, id, lease = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local count = #KEYS / 3
 
 local function number(value) return string.format('%.17g', value) end
 local function tidy(held) if held < 1e-9 then return 0 end return held end
+local function arg(i, field) return ARGV[3 + 5 * (i - 1) + field] end
 
 if mode == 'reserve' then
+  for i = 1, count do
+    if now < tonumber(arg(i, 4)) or now >= tonumber(arg(i, 5)) then return {-1, clock} end
+  end
   local states = {}
   for i = 1, count do
     local account, leases = KEYS[3 * i - 2], KEYS[3 * i - 1]
@@ -101,25 +112,25 @@ if mode == 'reserve' then
       redis.call('ZREMRANGEBYSCORE', leases, '-inf', now)
       held = tidy(held)
     end
-    local amount = tonumber(ARGV[3 * i + 2])
-    if amount > 0 and spent + held + amount > tonumber(ARGV[3 * i + 1]) then
+    local amount = tonumber(arg(i, 2))
+    if amount > 0 and spent + held + amount > tonumber(arg(i, 1)) then
       if #stale > 0 then redis.call('HSET', account, 'held', number(held)) end
-      return {i, tostring(spent + held)}
+      return {i, tostring(spent + held), clock}
     end
     states[i] = {spent, held + amount}
   end
   for i = 1, count do
-    local account, leases, ttl = KEYS[3 * i - 2], KEYS[3 * i - 1], ARGV[3 * i + 3]
+    local account, leases, forget_at = KEYS[3 * i - 2], KEYS[3 * i - 1], arg(i, 3)
     local spent, held = states[i][1], states[i][2]
-    redis.call('HSET', account, 'r:' .. id, ARGV[3 * i + 2], 'held', number(held), 'spent', number(spent))
+    redis.call('HSET', account, 'r:' .. id, arg(i, 2), 'held', number(held), 'spent', number(spent))
     redis.call('ZADD', leases, now + lease, id)
-    redis.call('EXPIRE', account, ttl)
-    redis.call('EXPIRE', leases, ttl)
+    redis.call('EXPIREAT', account, forget_at)
+    redis.call('EXPIREAT', leases, forget_at)
   end
-  return {0}
+  return {0, clock}
 end
 for i = 1, count do
-  local account, leases, used = KEYS[3 * i - 2], KEYS[3 * i - 1], tonumber(ARGV[3 * i + 2])
+  local account, leases, used = KEYS[3 * i - 2], KEYS[3 * i - 1], tonumber(arg(i, 2))
   local state = redis.call('HMGET', account, 'r:' .. id, 'held', 'spent')
   local amount, held, spent = tonumber(state[1]), tonumber(state[2]) or 0, tonumber(state[3]) or 0
   if amount ~= nil then
@@ -128,9 +139,9 @@ for i = 1, count do
     held = tidy(held - amount)
   end
   redis.call('HSET', account, 'held', number(held), 'spent', number(spent + math.max(0, used)))
-  redis.call('EXPIRE', account, ARGV[3 * i + 3])
+  redis.call('EXPIREAT', account, arg(i, 3))
 end
-return {0}
+return {0, clock}
 """
 
 # KEYS: lease sets. ARGV: lease seconds, then per set: how many reservation ids, the ids.
@@ -149,7 +160,10 @@ return 0
 
 
 class RedisLimiter:
-    def __init__(self, settings: RedisLimits) -> None:
+    """`clock`: this host's time; `offset`: how far Redis's TIME is from it, as its last answer
+    said (budget periods are read on Redis's clock, the same for every gateway)."""
+
+    def __init__(self, settings: RedisLimits, clock: Callable[[], float] = time.time) -> None:
         import redis.asyncio as redis
 
         # one connection more than the slots: the /ready ping never waits behind requests
@@ -179,6 +193,8 @@ class RedisLimiter:
         # a request dropped without settling (garbage now) is let run out with its lease
         self.leased: weakref.WeakValueDictionary[str, Reservation] = weakref.WeakValueDictionary()
         self.renewing: asyncio.Task[None] | None = None
+        self.clock = clock
+        self.offset = 0.0
 
     async def run(self, mode: str, buckets: list[Bucket], costs: list[int]) -> list[bytes] | None:
         """The take script's answer; None when the store cannot answer and the gateway fails open."""
@@ -254,19 +270,40 @@ class RedisLimiter:
             with contextlib.suppress(ServiceUnavailable):
                 await self.run("charge", token_buckets, [tokens] * len(token_buckets))
 
-    def budget_call(self, mode: str, reservation: Reservation, amounts: list[float]) -> Any:
+    async def budget_call(self, mode: str, reservation: Reservation, amounts: list[float]) -> Any:
         keys: list[str] = []
         argv: list[str | int | float] = [mode, reservation.id, self.lease]
         for account, amount in zip(reservation.accounts, amounts, strict=True):
             name = self.prefix + account.name
             keys += [f"{name}:account", f"{name}:leases", name]
-            argv += [account.budget.amount, repr(float(amount)), account.ttl]
-        return self.call(self.budget_script, keys, argv)
+            argv += [
+                account.budget.amount,
+                repr(float(amount)),
+                math.ceil(account.forgotten_at),
+                int(account.starts.timestamp()),
+                int(account.resets.timestamp()),
+            ]
+        result = await self.call(self.budget_script, keys, argv)
+        if result is not None:  # every answer tells Redis's time: the next period read follows it
+            self.offset = float(result[-1]) - self.clock()
+        return result
 
     async def reserve(self, reservation: Reservation) -> tuple[Account, float] | None:
-        result = await self.budget_call("reserve", reservation, reservation.amounts)
-        if result is None:
-            return None  # the store is away and the gateway fails open: nothing held
+        for _ in range(PERIOD_ATTEMPTS):
+            result = await self.budget_call("reserve", reservation, reservation.amounts)
+            if result is None:
+                return None  # the store is away and the gateway fails open: nothing held
+            if int(result[0]) != -1:
+                break
+            # Redis's clock is in another period than this gateway thought: hold in that one
+            store_now = float(result[1])
+            reservation.accounts = [account.moved_to(store_now) for account in reservation.accounts]
+        else:
+            raise ServiceUnavailable(
+                "The rate-limit store's clock keeps moving between budget periods; try again.",
+                code="RateLimitStoreBusy",
+                headers={"Retry-After": "1"},
+            )
         if int(result[0]) != 0:
             return reservation.accounts[int(result[0]) - 1], float(result[1])
         self.leased[reservation.id] = reservation
@@ -303,6 +340,37 @@ class RedisLimiter:
                     log.exception("renewing budget reservations failed")
         finally:
             self.renewing = None
+
+    def now(self) -> float:
+        return self.clock() + self.offset
+
+    def where(self) -> str:
+        """The store's address without its credentials (the URL may hold a password)."""
+        found = self.client.connection_pool.connection_kwargs
+        if "path" in found:
+            return f"unix:{found['path']}"
+        return f"{found.get('host', 'localhost')}:{found.get('port', 6379)}/{found.get('db', 0)}"
+
+    async def started(self) -> tuple[int, str] | None:
+        """Ask Redis its time once: the line says whether it answered (and how far its clock is
+        from this host's), or that it did not and what requests get until it does."""
+        try:
+            seconds, micros = await asyncio.wait_for(self.client.time(), READY_PING_TIMEOUT * 4)
+        except Exception as error:  # any failure to answer is "cannot be reached"
+            until = (
+                "requests are admitted without limits or budgets (on_error: fail-open)"
+                if self.fail_open
+                else "requests are refused with 503 (on_error: fail-closed)"
+            )
+            return logging.WARNING, (
+                f"Redis for limits and budgets at {self.where()} cannot be reached "
+                f"({type(error).__name__}); until it answers, {until}"
+            )
+        self.offset = seconds + micros / 1e6 - self.clock()
+        return logging.INFO, (
+            f"Redis for limits and budgets at {self.where()} answers; budget periods follow its "
+            f"clock ({self.offset:+.3f} s from this host's)"
+        )
 
     async def reachable(self) -> bool:
         """A PING, at most one a second however often /ready is asked (none while the breaker

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 from gateway.config import RateLimiting, Settings
 from gateway.policy.limits import Limiter, MemoryLimiter
 from gateway.policy.redis_limiter import RedisLimiter
@@ -12,10 +15,11 @@ def shared(settings: RateLimiting) -> bool:
     return settings.store == "redis" and settings.redis is not None
 
 
-def create_limiter(settings: RateLimiting) -> Limiter:
+def create_limiter(settings: RateLimiting, clock: Callable[[], float] = time.time) -> Limiter:
+    """`clock`: this host's time (a test skews it); Redis's own clock rules its budget periods."""
     if settings.store == "redis" and settings.redis is not None:
-        return RedisLimiter(settings.redis)
-    return MemoryLimiter()
+        return RedisLimiter(settings.redis, clock)
+    return MemoryLimiter(clock)
 
 
 def split_between_workers(settings: Settings, workers: int) -> str | None:
