@@ -168,11 +168,17 @@ def test_a_file_part_is_taken_by_echo(gateway_url: str):
         content = [{"type": "text", "text": "Summarise this."}, file]
         response = post(gateway_url, {"messages": [{"role": "user", "content": content}]})
         assert response.status_code == 200, response.text
-        assert response.json()["choices"][0]["message"]["content"].rstrip().endswith("You said: Summarise this.")
+        assert (
+            response.json()["choices"][0]["message"]["content"].rstrip().endswith("You said: Summarise this.")
+        )
 
 
 def test_a_file_part_to_a_model_without_files_is_404_naming_the_part(tmp_path):
-    config = {"deployments": [{"name": "text-only", "backend": "echo", "capabilities": {"modalities": ["text", "image"]}}]}
+    config = {
+        "deployments": [
+            {"name": "text-only", "backend": "echo", "capabilities": {"modalities": ["text", "image"]}}
+        ]
+    }
     messages = [
         {"role": "user", "content": "hello"},
         {"role": "assistant", "content": "hi"},
@@ -201,11 +207,11 @@ def test_a_custom_call_in_the_history_is_taken_by_echo(gateway_url: str):
 
 def test_a_custom_call_in_the_history_is_422_where_the_model_has_none():
     """TGI and the local backend carry function calls only: the call is named, not dropped."""
+    function_call = {"id": "call_0", "type": "function", "function": {"name": "f", "arguments": "{}"}}
     messages = [
         {"role": "user", "content": "Count the rows."},
-        {"role": "assistant", "content": None, "tool_calls": [{**CUSTOM_CALL, "id": "call_0", "type": "function",
-                                                               "function": {"name": "f", "arguments": "{}"}}, CUSTOM_CALL]},
-    ]  # fmt: skip
+        {"role": "assistant", "content": None, "tool_calls": [function_call, CUSTOM_CALL]},
+    ]
     request = ChatRequest(model="m", messages=messages)
     with pytest.raises(UnprocessableContent) as refused:
         capabilities.check(request, Capabilities(), prompt_tokens=1)
