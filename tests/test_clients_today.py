@@ -1,5 +1,6 @@
 """Today's OpenAI-speaking clients against a real `chatgate serve` on its default configuration
-(every dialect on echo), as a new user would try them (issue 26): the official SDKs for Python
+(every dialect on echo), as a new user would try them (issue 26), and through a second one
+whose deployment relays to it (openai-compatible): the official SDKs for Python
 and Node, LangChain's ChatOpenAI, llama-index's OpenAILike, litellm as a client and the Vercel
 AI SDK. Each answer is held to what the gateway says: the echo's text, the usage the gateway
 reported, the forced tool call, the parsed Pydantic object.
@@ -19,6 +20,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+import yaml
 from pydantic import BaseModel
 
 from bench import litellm_proxy
@@ -30,10 +32,19 @@ PREFIX = "[chatgate echo backend, not a language model] You said: "
 MODEL = "echo"
 
 
-@pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+@pytest.fixture(scope="module", params=["echo", "openai-compatible"])
+def gateway(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The default gateway (echo); and one whose `echo` is an openai-compatible deployment in
+    front of it, so each client also reads what the gateway relays from an upstream."""
     with running_gateway(tmp_path_factory.mktemp("clients")) as url:
-        yield url
+        if request.param == "echo":
+            yield url
+            return
+        deployment = {"name": MODEL, "backend": "openai-compatible", "options": {"base_url": f"{url}/v1"}}
+        config = tmp_path_factory.mktemp("relay") / "config.yaml"
+        config.write_text(yaml.safe_dump({"deployments": [deployment]}))
+        with running_gateway(config.parent, config) as relayed:
+            yield relayed
 
 
 def usage_of(gateway: str, prompt: str) -> dict[str, int]:
