@@ -112,6 +112,9 @@ class Capabilities:
     # request that names no limit gets; None: the backend decides.
     max_output_tokens: int | None = None
     default_max_tokens: int | None = None
+    # Takes a conversation whose earlier assistant turns called custom tools (OpenAI's
+    # `{"type": "custom"}` calls): it passes the conversation on, or reads only its words.
+    custom_calls_in_history: bool = False
 
 
 class Backend(Protocol):

@@ -180,7 +180,9 @@ class EchoOptions(BaseModel):
 class EchoBackend:
     name = "echo"
     capabilities = Capabilities(
-        modalities=frozenset({"text", "image", "audio"}),
+        # every part is taken (echo answers the words; it reads no image, sound or file)
+        modalities=frozenset({"text", "image", "audio", "file"}),
+        custom_calls_in_history=True,
         # Echo honours the shape-giving parameters and accepts every sampling one (it does
         # not sample), so that every dialect's parameters can be exercised end to end.
         parameters=PARAMETERS,

@@ -114,7 +114,9 @@ SERVER_EXTRAS = {
     )
 }  # fmt: skip
 CAPABILITIES = Capabilities(
-    modalities=frozenset({"text", "image", "audio"}),
+    # the messages go on as they came: every part, and custom tools' calls in the history
+    modalities=frozenset({"text", "image", "audio", "file"}),
+    custom_calls_in_history=True,
     parameters={**OPENAI_PARAMETERS, **SERVER_EXTRAS},
     response_formats=frozenset({"text", "json_object", "json_schema"}),
     max_n=128,

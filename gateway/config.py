@@ -60,7 +60,7 @@ class ParameterRange(Strict):
 class DeploymentCapabilities(Strict):
     """Narrows what the backend declares, for the model this deployment serves."""
 
-    modalities: list[Literal["text", "image", "audio"]] | None = None
+    modalities: list[Literal["text", "image", "audio", "file"]] | None = None
     unsupported_parameters: list[str] = Field(default_factory=list)
     parameter_ranges: dict[str, ParameterRange] = Field(
         default_factory=dict,

@@ -64,27 +64,9 @@ class ChatCompletionRequestFunctionMessage(TypedDict):
     name: str
 
 
-class ChatCompletionRequestMessageContentPartText(TypedDict):
-    """
-    A text part.
-    """
-
-    type: Literal["text"]
-    text: str
-
-
 class ImageUrl(TypedDict):
     url: str
     detail: NotRequired[Literal["auto", "low", "high"]]
-
-
-class ChatCompletionRequestMessageContentPartImage(TypedDict):
-    """
-    An image part.
-    """
-
-    type: Literal["image_url"]
-    image_url: ImageUrl
 
 
 class InputAudio(TypedDict):
@@ -92,13 +74,18 @@ class InputAudio(TypedDict):
     format: Literal["wav", "mp3"]
 
 
-class ChatCompletionRequestMessageContentPartAudio(TypedDict):
+class File(TypedDict):
+    filename: NotRequired[str]
+    file_data: NotRequired[str]
+    file_id: NotRequired[str]
+
+
+class PromptCacheBreakpoint(TypedDict):
     """
-    An audio part.
+    Marks the end of a reusable prompt prefix (OpenAI's prompt caching).
     """
 
-    type: Literal["input_audio"]
-    input_audio: InputAudio
+    mode: Literal["explicit"]
 
 
 class ChatCompletionRequestMessageContentPartRefusal(TypedDict):
@@ -125,6 +112,21 @@ class ChatCompletionMessageToolCall(TypedDict):
     function: Function
 
 
+class Custom(TypedDict):
+    name: str
+    input: str
+
+
+class ChatCompletionMessageCustomToolCall(TypedDict):
+    """
+    One call of a custom tool made by the model (OpenAI's current document), sent back as context.
+    """
+
+    id: str
+    type: Literal["custom"]
+    custom: Custom
+
+
 Metadata: TypeAlias = dict[str, str]
 """
 Up to 16 string pairs to store with the completion.
@@ -132,15 +134,6 @@ Up to 16 string pairs to store with the completion.
 
 
 StopConfiguration: TypeAlias = str | list[str] | None
-
-
-class PredictionContent(TypedDict):
-    """
-    Predicted output — text that the answer is expected to largely repeat.
-    """
-
-    type: Literal["content"]
-    content: str | list[ChatCompletionRequestMessageContentPartText]
 
 
 class ChatCompletionCustomVoice(TypedDict, closed=True):
@@ -213,7 +206,7 @@ class ChatCompletionAllowedToolsChoice(TypedDict):
     allowed_tools: AllowedTools
 
 
-class Custom(TypedDict):
+class Custom1(TypedDict):
     name: str
 
 
@@ -223,7 +216,7 @@ class ChatCompletionNamedToolChoiceCustom(TypedDict):
     """
 
     type: Literal["custom"]
-    custom: Custom
+    custom: Custom1
 
 
 class Grammar(TypedDict):
@@ -236,7 +229,7 @@ class Format(TypedDict):
     grammar: NotRequired[Grammar]
 
 
-class Custom1(TypedDict):
+class Custom2(TypedDict):
     name: str
     description: NotRequired[str]
     format: NotRequired[Format]
@@ -248,7 +241,7 @@ class CustomTool(TypedDict):
     """
 
     type: Literal["custom"]
-    custom: Custom1
+    custom: Custom2
 
 
 class Function1(TypedDict):
@@ -402,60 +395,53 @@ class CreateChatCompletionStreamResponseEvent(TypedDict):
     data: Literal["[DONE]"] | str
 
 
-class ChatCompletionRequestDeveloperMessage(TypedDict):
+class ChatCompletionRequestMessageContentPartText(TypedDict):
     """
-    Instructions from the developer; replaces `system` for o1 and newer models.
+    A text part.
     """
 
+    type: Literal["text"]
+    text: str
+    prompt_cache_breakpoint: NotRequired[PromptCacheBreakpoint]
+
+
+class ChatCompletionRequestMessageContentPartImage(TypedDict):
+    """
+    An image part.
+    """
+
+    type: Literal["image_url"]
+    image_url: ImageUrl
+    prompt_cache_breakpoint: NotRequired[PromptCacheBreakpoint]
+
+
+class ChatCompletionRequestMessageContentPartAudio(TypedDict):
+    """
+    An audio part.
+    """
+
+    type: Literal["input_audio"]
+    input_audio: InputAudio
+    prompt_cache_breakpoint: NotRequired[PromptCacheBreakpoint]
+
+
+class ChatCompletionRequestMessageContentPartFile(TypedDict):
+    """
+    A file part (OpenAI's current document): an uploaded file's id, or the file itself.
+    """
+
+    type: Literal["file"]
+    file: File
+    prompt_cache_breakpoint: NotRequired[PromptCacheBreakpoint]
+
+
+class PredictionContent(TypedDict):
+    """
+    Predicted output — text that the answer is expected to largely repeat.
+    """
+
+    type: Literal["content"]
     content: str | list[ChatCompletionRequestMessageContentPartText]
-    role: Literal["developer"]
-    name: NotRequired[str]
-
-
-class ChatCompletionRequestSystemMessage(TypedDict):
-    """
-    Instructions from the developer, for models before o1.
-    """
-
-    content: str | list[ChatCompletionRequestMessageContentPartText]
-    role: Literal["system"]
-    name: NotRequired[str]
-
-
-ChatCompletionRequestUserMessageContentPart: TypeAlias = (
-    ChatCompletionRequestMessageContentPartText
-    | ChatCompletionRequestMessageContentPartImage
-    | ChatCompletionRequestMessageContentPartAudio
-)
-
-
-class ChatCompletionRequestAssistantMessage(TypedDict):
-    """
-    An earlier answer of the model, sent back as context.
-    """
-
-    content: NotRequired[
-        str
-        | list[ChatCompletionRequestMessageContentPartText]
-        | list[ChatCompletionRequestMessageContentPartRefusal]
-        | None
-    ]
-    refusal: NotRequired[str | None]
-    role: Literal["assistant"]
-    name: NotRequired[str]
-    audio: NotRequired[ChatCompletionRequestAssistantMessageAudio | None]
-    tool_calls: NotRequired[list[ChatCompletionMessageToolCall]]
-    function_call: NotRequired[ChatCompletionRequestAssistantMessageFunctionCall | None]
-
-
-class ChatCompletionRequestToolMessage(TypedDict):
-    """
-    The result of a tool call.
-    """
-
-    role: Literal["tool"]
-    content: str | list[ChatCompletionRequestMessageContentPartText]
-    tool_call_id: str
 
 
 class ChatCompletionAudioParam(TypedDict):
@@ -556,14 +542,63 @@ class ErrorResponse(TypedDict):
     error: Error
 
 
-class ChatCompletionRequestUserMessage(TypedDict):
+class ChatCompletionRequestDeveloperMessage(TypedDict):
     """
-    A message from the end user.
+    Instructions from the developer; replaces `system` for o1 and newer models.
     """
 
-    content: str | list[ChatCompletionRequestUserMessageContentPart]
-    role: Literal["user"]
+    content: str | list[ChatCompletionRequestMessageContentPartText]
+    role: Literal["developer"]
     name: NotRequired[str]
+
+
+class ChatCompletionRequestSystemMessage(TypedDict):
+    """
+    Instructions from the developer, for models before o1.
+    """
+
+    content: str | list[ChatCompletionRequestMessageContentPartText]
+    role: Literal["system"]
+    name: NotRequired[str]
+
+
+ChatCompletionRequestUserMessageContentPart: TypeAlias = (
+    ChatCompletionRequestMessageContentPartText
+    | ChatCompletionRequestMessageContentPartImage
+    | ChatCompletionRequestMessageContentPartAudio
+    | ChatCompletionRequestMessageContentPartFile
+)
+
+
+class ChatCompletionRequestAssistantMessage(TypedDict):
+    """
+    An earlier answer of the model, sent back as context.
+    """
+
+    content: NotRequired[
+        str
+        | list[ChatCompletionRequestMessageContentPartText]
+        | list[ChatCompletionRequestMessageContentPartRefusal]
+        | None
+    ]
+    refusal: NotRequired[str | None]
+    role: Literal["assistant"]
+    name: NotRequired[str]
+    audio: NotRequired[ChatCompletionRequestAssistantMessageAudio | None]
+    tool_calls: NotRequired[
+        list[ChatCompletionMessageToolCall | ChatCompletionMessageCustomToolCall]
+    ]
+    function_call: NotRequired[ChatCompletionRequestAssistantMessageFunctionCall | None]
+
+
+class ChatCompletionRequestToolMessage(TypedDict):
+    """
+    The result of a tool call.
+    """
+
+    role: Literal["tool"]
+    content: str | list[ChatCompletionRequestMessageContentPartText]
+    tool_call_id: str
 
 
 class ChatCompletionTool(TypedDict):
@@ -594,14 +629,14 @@ class ChatCompletionStreamChoice(TypedDict):
     )
 
 
-ChatCompletionRequestMessage: TypeAlias = (
-    ChatCompletionRequestDeveloperMessage
-    | ChatCompletionRequestSystemMessage
-    | ChatCompletionRequestUserMessage
-    | ChatCompletionRequestAssistantMessage
-    | ChatCompletionRequestToolMessage
-    | ChatCompletionRequestFunctionMessage
-)
+class ChatCompletionRequestUserMessage(TypedDict):
+    """
+    A message from the end user.
+    """
+
+    content: str | list[ChatCompletionRequestUserMessageContentPart]
+    role: Literal["user"]
+    name: NotRequired[str]
 
 
 class ChatCompletionChoice(TypedDict):
@@ -628,6 +663,31 @@ class CreateChatCompletionStreamResponse(TypedDict):
     service_tier: NotRequired[str | None]
     system_fingerprint: NotRequired[str | None]
     usage: NotRequired[ChatCompletionStreamUsage | None]
+
+
+ChatCompletionRequestMessage: TypeAlias = (
+    ChatCompletionRequestDeveloperMessage
+    | ChatCompletionRequestSystemMessage
+    | ChatCompletionRequestUserMessage
+    | ChatCompletionRequestAssistantMessage
+    | ChatCompletionRequestToolMessage
+    | ChatCompletionRequestFunctionMessage
+)
+
+
+class CreateChatCompletionResponse(TypedDict):
+    """
+    A chat completion (`object` is `chat.completion`).
+    """
+
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[ChatCompletionChoice]
+    service_tier: NotRequired[str | None]
+    system_fingerprint: NotRequired[str | None]
+    usage: NotRequired[CompletionUsage]
 
 
 class CreateChatCompletionRequest(TypedDict):
@@ -680,18 +740,3 @@ class CreateChatCompletionRequest(TypedDict):
         Literal["none", "auto"] | ChatCompletionFunctionCallOption
     ]
     functions: NotRequired[list[ChatCompletionFunctions]]
-
-
-class CreateChatCompletionResponse(TypedDict):
-    """
-    A chat completion (`object` is `chat.completion`).
-    """
-
-    id: str
-    object: Literal["chat.completion"]
-    created: int
-    model: str
-    choices: list[ChatCompletionChoice]
-    service_tier: NotRequired[str | None]
-    system_fingerprint: NotRequired[str | None]
-    usage: NotRequired[CompletionUsage]

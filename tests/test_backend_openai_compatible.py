@@ -920,3 +920,24 @@ def test_informational_and_current_openai_fields_reach_the_upstream(gateway: str
     assert response.status_code == 200, response.text
     sent = stub.connection_with(marker).body
     assert {name: sent.get(name) for name in forwarded} == forwarded
+
+
+def test_file_parts_and_custom_calls_in_the_history_reach_the_upstream(
+    gateway: str, stub: StubUpstream
+) -> None:
+    """OpenAI's current document: a user's file part and an earlier custom tool call go on in the
+    messages as they came (issue 26), never dropped."""
+    marker = f"file-{uuid.uuid4().hex}"
+    file_part = {"type": "file", "file": {"filename": "notes.txt", "file_data": "aGVsbG8="}}
+    messages = [
+        {"role": "user", "content": [{"type": "text", "text": marker}, file_part]},
+        {"role": "assistant", "content": None,
+         "tool_calls": [{"id": "call_1", "type": "custom", "custom": {"name": "sql", "input": "SELECT 1"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "1"},
+        {"role": "user", "content": [{"type": "file", "file": {"file_id": "file-abc"}}]},
+    ]  # fmt: skip
+    response = http_client().post(
+        gateway + PATHS["openai"], json={"model": "stub-capture", "messages": messages}
+    )
+    assert response.status_code == 200, response.text
+    assert stub.connection_with(marker).body["messages"] == messages

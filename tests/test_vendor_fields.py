@@ -1,7 +1,8 @@
 """OpenAI's current document (openapi 2.3.0) on /v1, against a running gateway on echo: its
 fields are never "extra parameters" (issue 26), the values it added are accepted, custom tools
-are named as unsupported (422), and `allowed_tools` is honoured. `extra-parameters: drop` names
-what it removed in `x-chatgate-dropped-params`."""
+are named as unsupported (422), and `allowed_tools` is honoured; file parts and custom tool
+calls in the history are valid and reach a backend that takes them, or are named (404 / 422).
+`extra-parameters: drop` names what it removed in `x-chatgate-dropped-params`."""
 
 from __future__ import annotations
 
@@ -9,6 +10,14 @@ import json
 
 import httpx
 import pytest
+
+from backends.base import Capabilities
+from backends.echo import EchoBackend
+from backends.openai_compatible import CAPABILITIES
+from gateway.core.canonical import ChatRequest
+from gateway.core.errors import UnprocessableContent
+from gateway.policy import capabilities
+from tests.gateway_process import gateway_process
 
 CHAT = "/v1/chat/completions"
 USER = [{"role": "user", "content": "What is the weather in Paris?"}]
@@ -146,3 +155,67 @@ def test_audio_settings_of_the_current_document_reach_the_model_check(gateway_ur
     response = post(gateway_url, body)
     assert response.status_code == 422, response.text
     assert response.json()["error"]["param"] == "modalities"
+
+
+FILE_PART = {"type": "file", "file": {"filename": "report.txt", "file_data": "cmVwb3J0"}}
+CUSTOM_CALL = {"id": "call_1", "type": "custom", "custom": {"name": "sql", "input": "SELECT 1"}}
+
+
+def test_a_file_part_is_taken_by_echo(gateway_url: str):
+    """The current document's file part (by data or by id) is valid; echo, which takes every
+    part, answers the words beside it."""
+    for file in (FILE_PART, {"type": "file", "file": {"file_id": "file-123"}}):
+        content = [{"type": "text", "text": "Summarise this."}, file]
+        response = post(gateway_url, {"messages": [{"role": "user", "content": content}]})
+        assert response.status_code == 200, response.text
+        assert (
+            response.json()["choices"][0]["message"]["content"].rstrip().endswith("You said: Summarise this.")
+        )
+
+
+def test_a_file_part_to_a_model_without_files_is_404_naming_the_part(tmp_path):
+    config = {
+        "deployments": [
+            {"name": "text-only", "backend": "echo", "capabilities": {"modalities": ["text", "image"]}}
+        ]
+    }
+    messages = [
+        {"role": "user", "content": "hello"},
+        {"role": "assistant", "content": "hi"},
+        {"role": "user", "content": [{"type": "text", "text": "Summarise this."}, FILE_PART]},
+    ]
+    with gateway_process(tmp_path, config) as gateway:
+        response = httpx.post(
+            f"{gateway.url}{CHAT}", json={"model": "text-only", "messages": messages}, timeout=30
+        )
+    assert response.status_code == 404, response.text
+    error = response.json()["error"]
+    assert error["param"] == "messages[2].content[1]" and "Modality not supported" in error["message"]
+
+
+def test_a_custom_call_in_the_history_is_taken_by_echo(gateway_url: str):
+    messages = [
+        {"role": "user", "content": "Count the rows."},
+        {"role": "assistant", "content": None, "tool_calls": [CUSTOM_CALL]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "42"},
+        {"role": "user", "content": "So how many?"},
+    ]
+    response = post(gateway_url, {"messages": messages})
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["message"]["content"].endswith("You said: So how many?")
+
+
+def test_a_custom_call_in_the_history_is_422_where_the_model_has_none():
+    """TGI and the local backend carry function calls only: the call is named, not dropped."""
+    function_call = {"id": "call_0", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    messages = [
+        {"role": "user", "content": "Count the rows."},
+        {"role": "assistant", "content": None, "tool_calls": [function_call, CUSTOM_CALL]},
+    ]
+    request = ChatRequest(model="m", messages=messages)
+    with pytest.raises(UnprocessableContent) as refused:
+        capabilities.check(request, Capabilities(), prompt_tokens=1)
+    assert refused.value.param == "messages[1].tool_calls[1]"
+    assert refused.value.loc == ["body", "messages", 1, "tool_calls", 1]
+    assert "not supported by this model" in str(refused.value)
+    assert EchoBackend.capabilities.custom_calls_in_history and CAPABILITIES.custom_calls_in_history

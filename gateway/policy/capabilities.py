@@ -20,7 +20,13 @@ MODALITY_MESSAGE = (
     "Modality not supported by the model. Check the documentation of the model to see which "
     "routes are available."
 )
-PART_MODALITIES = {"image_url": "image", "image": "image", "input_audio": "audio", "audio": "audio"}
+PART_MODALITIES = {
+    "image_url": "image",
+    "image": "image",
+    "input_audio": "audio",
+    "audio": "audio",
+    "file": "file",  # OpenAI's file part: a document (a PDF, say), by id or as data
+}
 
 
 def narrower(declared: int | None, configured: int | None) -> int | None:
@@ -62,16 +68,27 @@ def effective(backend: Capabilities, narrowed: DeploymentCapabilities) -> Capabi
     )
 
 
-def modalities_of(messages: list[dict[str, Any]]) -> set[str]:
-    found = {"text"}
-    for message in messages:
+def parts_by_modality(messages: list[dict[str, Any]]) -> dict[str, str]:
+    """Each modality the messages use, with where its first part is (`messages[i].content[j]`)."""
+    found = {"text": "messages"}
+    for i, message in enumerate(messages):
         content = message.get("content")
         if isinstance(content, list):
-            for part in content:
+            for j, part in enumerate(content):
                 kind = part.get("type") if isinstance(part, dict) else None
                 if isinstance(kind, str) and kind in PART_MODALITIES:
-                    found.add(PART_MODALITIES[kind])
+                    found.setdefault(PART_MODALITIES[kind], f"messages[{i}].content[{j}]")
     return found
+
+
+def custom_call_in_history(messages: list[dict[str, Any]]) -> tuple[int, int] | None:
+    """Where the first call of a custom tool in an earlier assistant turn is (message, call)."""
+    for i, message in enumerate(messages):
+        calls = message.get("tool_calls") if message.get("role") == "assistant" else None
+        for j, call in enumerate(calls if isinstance(calls, list) else ()):
+            if isinstance(call, dict) and call.get("type", "function") != "function":
+                return i, j
+    return None
 
 
 def unsupported(name: str, value: Any, why: str) -> UnprocessableContent:
@@ -86,9 +103,18 @@ def unsupported(name: str, value: Any, why: str) -> UnprocessableContent:
 
 def check(request: ChatRequest, capabilities: Capabilities, prompt_tokens: int) -> None:
     """Refuse what the deployment cannot do: 404 for a modality, 422 for a parameter."""
-    missing = modalities_of(request.messages) - capabilities.modalities
-    if missing:
-        raise NotFound(MODALITY_MESSAGE, param="messages", code="ModalityNotSupported")
+    used = parts_by_modality(request.messages)
+    missing = sorted(set(used) - capabilities.modalities)
+    if missing:  # the part named, so a client sees which one the model cannot take
+        raise NotFound(MODALITY_MESSAGE, param=used[missing[0]], code="ModalityNotSupported")
+    if not capabilities.custom_calls_in_history and (at := custom_call_in_history(request.messages)):
+        where = f"messages[{at[0]}].tool_calls[{at[1]}]"
+        raise UnprocessableContent(
+            f"Custom tool calls in the conversation are not supported by this model (parameter '{where}').",
+            param=where,
+            loc=["body", "messages", at[0], "tool_calls", at[1]],
+            code="UnsupportedParameter",
+        )
     modalities = request.options.get("modalities")
     if isinstance(modalities, list) and "audio" in modalities:
         # no backend's events carry audio: asking for it is refused, never answered in text
