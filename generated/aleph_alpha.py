@@ -207,7 +207,7 @@ class ChatRequest(TypedDict):
     messages: list[ChatRequestMessage]
     model: str
     frequency_penalty: NotRequired[float]
-    logit_bias: NotRequired[dict[str, float]]
+    logit_bias: NotRequired[dict[str, float] | None]
     logprobs: NotRequired[bool]
     top_logprobs: NotRequired[int]
     max_tokens: NotRequired[int]

@@ -59,7 +59,7 @@ def check_message_order(messages: list[dict[str, Any]]) -> None:
             )
     if not body or body[-1][1] != "user":
         raise BadRequest(
-            "The conversation must contain a user message and end with one.",
+            "messages: the conversation must contain a user message and end with one.",
             param="messages",
             loc=["body", "messages"],
         )
