@@ -8,15 +8,14 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+import yaml
 from aleph_alpha_client import AsyncClient, ChatRequest, Client, Message
 from aleph_alpha_client.chat import ChatStreamChunk, FinishReason, Role, StreamOptions, ToolCall, Usage
 from aleph_alpha_client.structured_output import JSONSchema
 from pydantic import BaseModel
 
-import yaml
-from tests.servers import running_gateway
-
 from backends.echo import PREFIX
+from tests.servers import running_gateway
 
 MESSAGES = [
     Message(role=Role.System, content="Be brief."),

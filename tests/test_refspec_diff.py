@@ -57,9 +57,13 @@ def test_fields_follow_refs_items_and_combinators():
     document["components"]["schemas"]["Message"] = {
         "oneOf": [
             {"type": "object", "properties": {"role": {"const": "user"}, "content": {"type": "string"}}},
-            {"type": "object", "properties": {"role": {"const": "tool"}}, "allOf": [{"$ref": "#/components/schemas/Message"}]},
+            {
+                "type": "object",
+                "properties": {"role": {"const": "tool"}},
+                "allOf": [{"$ref": "#/components/schemas/Message"}],
+            },
         ]
-    }  # fmt: skip
+    }
     fields = chat_fields(document)
     assert fields["request.messages[].role"].values == {'"user"', '"tool"'}
     assert fields["request.messages[].content"].types == {"string"}

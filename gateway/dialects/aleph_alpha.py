@@ -98,7 +98,11 @@ class AlephAlphaTranslator(OpenAIShaped):
 
 
 def model_body(name: str) -> aleph_alpha_doc.AvailableModel:
-    return {"name": name, "description": f"A chat model served by chatgate (deployment {name}).", "chat": True}
+    return {
+        "name": name,
+        "description": f"A chat model served by chatgate (deployment {name}).",
+        "chat": True,
+    }
 
 
 def operations(runtime: Runtime, translator: OpenAIShaped) -> dict[str, Handler]:

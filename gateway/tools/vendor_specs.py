@@ -348,7 +348,9 @@ AZURE = VendorDocument(
             },
         ),
         429: seed_error("TooManyRequestsError", 429, AZURE_ERROR),
-        "default": seed_error("ContentFilterError", None, AZURE_ERROR, code={"type": "string"}, param={"type": "string"}),
+        "default": seed_error(
+            "ContentFilterError", None, AZURE_ERROR, code={"type": "string"}, param={"type": "string"}
+        ),
     },
 )
 
@@ -375,9 +377,11 @@ ALEPH_ALPHA = VendorDocument(
         Deviation(
             "ChatResponseMessage",
             "/properties/finish_reason",
-            {"type": ["string", "null"], "enum": ["stop", "length", "content_filter", None]},
+            {"type": ["string", "null"], "enum": ["stop", "length", "content_filter", "tool_calls", None]},
             "The document's own description: when streaming, `finish_reason` is set only in the last "
-            "chunk of a completion and null otherwise; the schema forgot `nullable`.",
+            "chunk of a completion and null otherwise; the schema forgot `nullable`. And a completion "
+            "that calls the document's tools ends with `tool_calls`, which its official client 11.x "
+            "reads (FinishReason.ToolCalls) and its enum forgot.",
         ),
         Deviation(
             "ChatResponseMessage",

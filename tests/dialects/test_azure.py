@@ -351,7 +351,9 @@ ERRORS = [
         "400 extra parameter",
         cases.EXTRA_PARAMETER,
         400,
-        error_body(cases.EXTRA_PARAMETER, "ExtraParameterNotAllowed", code="ExtraParameterNotAllowed", param="mood"),
+        error_body(
+            cases.EXTRA_PARAMETER, "ExtraParameterNotAllowed", code="ExtraParameterNotAllowed", param="mood"
+        ),
         error_code("ExtraParameterNotAllowed"),
     ),
     ErrorCase(
@@ -372,7 +374,11 @@ ERRORS = [
         "hidden deployment is 404, as an unknown deployment",
         cases.HIDDEN_DEPLOYMENT,
         404,
-        {"error": {"code": "DeploymentNotFound", "message": "Deployment 'text-only' not found."}, "message": "Deployment 'text-only' not found.", "status": 404},
+        {
+            "error": {"code": "DeploymentNotFound", "message": "Deployment 'text-only' not found."},
+            "message": "Deployment 'text-only' not found.",
+            "status": 404,
+        },
         error_code("DeploymentNotFound"),
     ),
     ErrorCase(
