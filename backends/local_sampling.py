@@ -147,6 +147,7 @@ def parameter_table(context_length: int, vocab_size: int) -> dict[str, Param]:
         **unsupported("the local backend generates text only", "modalities", "audio", "prediction"),
         **unsupported("no reasoning models' effort control", "reasoning_effort"),
         **unsupported("no such control in the decode loop", "verbosity", "web_search_options", "moderation"),
+        **unsupported("no steering concepts (Aleph Alpha's document)", "steering_concepts"),
     }  # fmt: skip
 
 

@@ -113,6 +113,10 @@ SERVER_EXTRAS = {
         "max_ngram_size",
     )
 }  # fmt: skip
+# Aleph Alpha's own chat parameter: its inference API (an OpenAI-compatible upstream) takes it.
+SERVER_EXTRAS["steering_concepts"] = Param(
+    "steering_concepts", note="forwarded as is; Aleph Alpha's inference API takes it, others answer 400"
+)
 CAPABILITIES = Capabilities(
     # the messages go on as they came: every part, and custom tools' calls in the history
     modalities=frozenset({"text", "image", "audio", "file"}),

@@ -90,6 +90,7 @@ def shared_table(options: TGIOptions) -> dict[str, Param]:
             "TGI has no such parameter (OpenAI's current document)", "verbosity", "web_search_options",
             "moderation",
         ),
+        **unsupported("TGI has no steering concepts (Aleph Alpha's document)", "steering_concepts"),
     }  # fmt: skip
 
 

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal, NotRequired, TypedDict
+from typing import Any, Literal, NotRequired, TypeAlias, TypedDict
 
 
 class StreamOptions(TypedDict):
@@ -14,14 +14,70 @@ class StreamOptions(TypedDict):
     include_usage: NotRequired[bool]
 
 
-class ChatRequestMessage(TypedDict):
+class ChatRequestTextPart(TypedDict):
+    type: Literal["text"]
+    text: str
+
+
+class ImageUrl(TypedDict):
+    url: str
+    detail: NotRequired[Literal["auto"]]
+
+
+class ChatRequestImagePart(TypedDict):
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+
+class JsonSchema(TypedDict):
+    name: str
+    description: NotRequired[str | None]
+    strict: NotRequired[bool | None]
+    schema: dict[str, Any]
+
+
+class ResponseFormat(TypedDict):
     """
-    One message of the conversation.
+    The format the output must have: `{"type": "json_schema", "json_schema": {...}}` asks for JSON that conforms to the given schema (structured output). A backend without it answers 422 naming `response_format`.
     """
 
-    role: Literal["system", "user", "assistant"]
-    content: str
-    name: NotRequired[Any]
+    type: Literal["json_schema"]
+    json_schema: JsonSchema
+
+
+class FunctionObject(TypedDict):
+    name: str
+    description: NotRequired[str]
+    parameters: NotRequired[dict[str, Any]]
+    strict: NotRequired[bool | None]
+
+
+class Function(TypedDict):
+    name: str
+
+
+class ChatRequestNamedToolChoice(TypedDict):
+    """
+    Forces the model to call this function.
+    """
+
+    type: Literal["function"]
+    function: Function
+
+
+class Function1(TypedDict):
+    name: str
+    arguments: str
+
+
+class ChatMessageToolCall(TypedDict):
+    """
+    A call of a function tool made by the model.
+    """
+
+    id: str
+    type: Literal["function"]
+    function: Function1
 
 
 class ChatResponseMessage(TypedDict):
@@ -31,15 +87,14 @@ class ChatResponseMessage(TypedDict):
 
     role: Literal["assistant"]
     content: str
+    tool_calls: NotRequired[list[ChatMessageToolCall]]
 
 
-class ChatStreamDelta(TypedDict):
-    """
-    The new part of the generated message.
-    """
-
-    role: NotRequired[Literal["assistant"]]
-    content: str
+class ChatStreamToolCall(TypedDict):
+    index: int
+    id: str
+    type: Literal["function"]
+    function: Function1
 
 
 class ChatResponseTopLogprob(TypedDict):
@@ -68,6 +123,16 @@ class StreamUsage(TypedDict):
     total_tokens: int
 
 
+class AvailableModel(TypedDict):
+    """
+    A model the key may use.
+    """
+
+    name: str
+    description: str
+    chat: bool
+
+
 class ErrorResponse(TypedDict):
     """
     Aleph Alpha's error body: a human-readable message and a machine-readable code.
@@ -85,33 +150,26 @@ class ChatStreamChunkEvent(TypedDict):
     data: Literal["[DONE]"] | str
 
 
-class ChatRequest(TypedDict):
+ChatRequestContentPart: TypeAlias = ChatRequestTextPart | ChatRequestImagePart
+
+
+class ChatRequestTool(TypedDict):
     """
-    A chat completion request in the Aleph Alpha dialect.
+    A function the model may call.
     """
 
-    messages: list[ChatRequestMessage]
-    model: str
-    frequency_penalty: NotRequired[float]
-    logit_bias: NotRequired[dict[str, float]]
-    logprobs: NotRequired[bool]
-    top_logprobs: NotRequired[int]
-    max_tokens: NotRequired[int]
-    maximum_tokens: NotRequired[int]
-    n: NotRequired[int]
-    presence_penalty: NotRequired[float]
-    response_format: NotRequired[None]
-    seed: NotRequired[Any]
-    service_tier: NotRequired[Any]
-    stop: NotRequired[str | list[str]]
-    stream: NotRequired[bool]
-    stream_options: NotRequired[StreamOptions]
-    temperature: NotRequired[float]
-    top_p: NotRequired[float]
-    tools: NotRequired[None]
-    tool_choice: NotRequired[None]
-    parallel_tool_calls: NotRequired[None]
-    user: NotRequired[Any]
+    type: Literal["function"]
+    function: FunctionObject
+
+
+class ChatStreamDelta(TypedDict):
+    """
+    The new part of the generated message.
+    """
+
+    role: NotRequired[Literal["assistant"]]
+    content: str
+    tool_calls: NotRequired[list[ChatStreamToolCall]]
 
 
 class ChatResponseLogprobToken(TypedDict):
@@ -119,6 +177,18 @@ class ChatResponseLogprobToken(TypedDict):
     logprob: float
     bytes: list[int]
     top_logprobs: list[ChatResponseTopLogprob]
+
+
+class ChatRequestMessage(TypedDict):
+    """
+    One message of the conversation.
+    """
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | list[ChatRequestContentPart]
+    tool_calls: NotRequired[list[ChatMessageToolCall]]
+    tool_call_id: NotRequired[str]
+    name: NotRequired[Any]
 
 
 class ChatResponseLogprobs(TypedDict):
@@ -129,12 +199,45 @@ class ChatResponseLogprobs(TypedDict):
     content: NotRequired[list[ChatResponseLogprobToken]]
 
 
+class ChatRequest(TypedDict):
+    """
+    A chat completion request in the Aleph Alpha dialect.
+    """
+
+    messages: list[ChatRequestMessage]
+    model: str
+    frequency_penalty: NotRequired[float]
+    logit_bias: NotRequired[dict[str, float] | None]
+    logprobs: NotRequired[bool]
+    top_logprobs: NotRequired[int]
+    max_tokens: NotRequired[int]
+    maximum_tokens: NotRequired[int]
+    n: NotRequired[int]
+    presence_penalty: NotRequired[float]
+    response_format: NotRequired[ResponseFormat]
+    seed: NotRequired[Any]
+    service_tier: NotRequired[Any]
+    stop: NotRequired[str | list[str]]
+    stream: NotRequired[bool]
+    stream_options: NotRequired[StreamOptions]
+    temperature: NotRequired[float]
+    top_p: NotRequired[float]
+    steering_concepts: NotRequired[list[Any]]
+    top_k: NotRequired[int]
+    tools: NotRequired[list[ChatRequestTool]]
+    tool_choice: NotRequired[
+        Literal["none", "auto", "required"] | ChatRequestNamedToolChoice
+    ]
+    parallel_tool_calls: NotRequired[None]
+    user: NotRequired[Any]
+
+
 class ChatResponseChoice(TypedDict):
     """
     One completion of a non-streamed response.
     """
 
-    finish_reason: Literal["stop", "length", "content_filter"]
+    finish_reason: Literal["stop", "length", "content_filter", "tool_calls"]
     index: int
     message: ChatResponseMessage
     logprobs: NotRequired[ChatResponseLogprobs | None]
@@ -145,7 +248,9 @@ class ChatStreamChoice(TypedDict):
     A piece of one completion in a stream.
     """
 
-    finish_reason: NotRequired[Literal["stop", "length", "content_filter"] | None]
+    finish_reason: NotRequired[
+        Literal["stop", "length", "content_filter", "tool_calls"] | None
+    ]
     index: int
     delta: ChatStreamDelta
     logprobs: NotRequired[ChatResponseLogprobs | None]

@@ -5,6 +5,18 @@ from __future__ import annotations
 
 from typing import Any, Literal, NotRequired, TypeAlias, TypedDict
 
+
+class StreamOptions(TypedDict):
+    """
+    Options for a streamed answer. `include_usage`: the token counts of the whole
+    request arrive in the stream's last chunk (`usage`), which this API sends in every
+    stream.
+
+    """
+
+    include_usage: NotRequired[bool | None]
+
+
 ChatRole: TypeAlias = Literal["system", "user", "assistant", "tool"]
 
 
@@ -118,12 +130,21 @@ ModelType: TypeAlias = Literal[
 ]
 
 
+class ErrorObject(TypedDict):
+    """
+    Azure.Core's error object: the machine-readable code (as in `x-ms-error-code`) and the human-readable message.
+    """
+
+    code: str
+    message: str
+
+
 class UnauthorizedError(TypedDict):
     """
     Authentication is missing or not valid (401).
     """
 
-    error: str
+    error: ErrorObject
     message: str
     status: Literal[401]
 
@@ -133,7 +154,7 @@ class NotFoundError(TypedDict):
     The route is not valid for the deployed model (404).
     """
 
-    error: str
+    error: ErrorObject
     message: str
     status: Literal[404]
 
@@ -143,7 +164,7 @@ class TooManyRequestsError(TypedDict):
     A rate limit was hit (429).
     """
 
-    error: str
+    error: ErrorObject
     message: str
     status: Literal[429]
 
@@ -165,7 +186,7 @@ class ContentFilterError(TypedDict):
     """
 
     code: str
-    error: str
+    error: ErrorObject
     message: str
     param: NotRequired[str]
     status: Literal[400]
@@ -177,7 +198,7 @@ class GenericError(TypedDict):
     """
 
     code: str
-    error: str
+    error: ErrorObject
     message: str
     status: int
 
@@ -285,7 +306,7 @@ class UnprocessableContentError(TypedDict):
     """
 
     code: str
-    error: str
+    error: ErrorObject
     message: str
     status: Literal[422]
     detail: Detail
@@ -456,6 +477,7 @@ class ChatCompletionsOptions(TypedDict):
     max_tokens: NotRequired[int | None]
     stop: NotRequired[str | list[str]]
     stream: NotRequired[bool]
+    stream_options: NotRequired[StreamOptions | None]
     response_format: NotRequired[ChatCompletionsResponseFormat]
     tools: NotRequired[list[ChatCompletionsToolDefinition]]
     tool_choice: NotRequired[ChatCompletionsToolChoice]

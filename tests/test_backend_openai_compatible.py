@@ -491,7 +491,7 @@ DIALECT_SCENARIOS = {
     # which the OpenAI upstream here does not take
     "ovms": ["plain", "length", "logprobs", "tool"],
     "azure": ["plain", "length", "tool", "json_object"],  # no n, no logprobs in the Azure API
-    "aleph_alpha": ["plain", "length", "n2", "logprobs"],  # rejects tools and response_format
+    "aleph_alpha": ["plain", "length", "n2", "logprobs", "tool"],  # its response_format is json_schema only
     "lmi": ["plain", "length", "n2", "logprobs"],
 }
 

@@ -88,7 +88,7 @@ def test_unknown_deployment_header_is_404(gateway_url: str):
     )
     assert response.status_code == 404
     assert response.json() == {
-        "error": "Not found",
+        "error": {"code": "DeploymentNotFound", "message": "Deployment 'nope' not found."},
         "message": "Deployment 'nope' not found.",
         "status": 404,
     }

@@ -93,7 +93,7 @@ def test_requests_the_parser_refuses_are_400_in_shape(gateway: GatewayProcess, n
     assert status == 400, name
     if body.get("status"):  # the path was read: Azure's own flat shape
         assert body == {
-            "error": "Bad request",
+            "error": {"code": "BadRequest", "message": body["message"]},
             "message": body["message"],
             "status": 400,
             "code": "BadRequest",

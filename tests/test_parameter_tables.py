@@ -137,6 +137,7 @@ SAMPLES: dict[str, Any] = {
     # OpenAI's current document (openapi 2.3.0)
     "verbosity": "low", "web_search_options": {"search_context_size": "low"},
     "moderation": {"model": "omni-moderation-latest"},
+    "steering_concepts": ["concept-1"],
     # informational: passed on where a backend takes them
     "metadata": {"k": "v"}, "store": True, "service_tier": "flex", "prompt_cache_key": "k-1",
     "prompt_cache_retention": "24h", "prompt_cache_options": {"ttl": "1h"},

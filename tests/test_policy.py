@@ -192,9 +192,6 @@ def test_unknown_model_is_404(url, dialect):
 
 def test_unsupported_modality_is_404(url, dialect):
     content = [{"type": "text", "text": "what is this?"}, dialect.image_part]
-    if dialect.name == "aleph_alpha":  # its document has no image parts: refused as invalid
-        assert_error(post(url, dialect, dialect.body("text-only", content=content)), dialect, 400)
-        return
     body = assert_error(post(url, dialect, dialect.body("text-only", content=content)), dialect, 404)
     assert "Modality not supported by the model" in str(body)
 

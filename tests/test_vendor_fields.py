@@ -122,8 +122,7 @@ def test_dropped_names_cannot_break_the_header(gateway_url: str):
 @pytest.mark.parametrize(
     "path, name, value",
     [
-        ("/aleph-alpha/chat/completions", "response_format", {"type": "json_object"}),
-        ("/aleph-alpha/chat/completions", "tools", [WEATHER]),
+        ("/aleph-alpha/chat/completions", "parallel_tool_calls", True),
         ("/v3/chat/completions", "logit_bias", {"50256": 5}),
     ],
 )

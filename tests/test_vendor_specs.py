@@ -371,7 +371,9 @@ CASES = [
                                             "stream_options": {"include_usage": True}}),
     Case("aleph_alpha", "ignored-parameters", {"seed": 3, "user": "someone"}),
     Case("aleph_alpha", "404-unknown-model", {}, status=404, model="no-such-model"),
-    Case("aleph_alpha", "400-rejected-parameter", {"tools": TOOLS}, status=400),
+    Case("aleph_alpha", "400-rejected-parameter", {"parallel_tool_calls": True}, status=400),
+    Case("aleph_alpha", "tools-of-the-4.7.0-document", {"tools": TOOLS, "tool_choice": "required"},
+         check=lambda a: says(a, '"finish_reason": "tool_calls"')),
     Case("aleph_alpha", "422-unsupported-parameter", {"logprobs": True}, status=422, model="text-only"),
     Case("aleph_alpha", "400-message-order", {}, status=400, messages=(
         {"role": "assistant", "content": "I start."}, {"role": "user", "content": "Hi"},

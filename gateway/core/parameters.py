@@ -95,6 +95,8 @@ CATALOGUE: tuple[Parameter, ...] = (
     option("verbosity"),
     option("web_search_options"),
     option("moderation"),
+    # Aleph Alpha's current document (4.7.0): steering toward/away from a concept's examples
+    option("steering_concepts"),
     # vLLM-style extras OVMS documents (and refuses): known, so a backend's table can say so
     option("min_tokens"),
     option("stop_token_ids"),

@@ -1,4 +1,5 @@
-"""Aleph Alpha: POST /chat/completions. Strict message order; "ignored" and "rejected" parameters;
+"""Aleph Alpha: POST /chat/completions and GET /models_available (the official client's
+`models()`). Strict message order (tool results take the user's turn); "ignored" and "rejected" parameters;
 errors as `{"error": message, "code": UPPER_SNAKE}`; missing logprobs reported as -9999.0; in
 streams `usage` null but in the usage chunk, `system_fingerprint` only in a choice's last chunk."""
 
@@ -7,12 +8,17 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
-from gateway.core.canonical import ChatRequest
+import orjson
+from starlette.responses import Response
+
+from gateway.core.canonical import ChatRequest, Choice, Event
 from gateway.core.errors import BadRequest, GatewayError
-from gateway.dialects.dialect import Dialect
-from gateway.dialects.shape import OpenAIShaped
+from gateway.dialects.dialect import Dialect, Handler
+from gateway.dialects.shape import JSON, Answer, OpenAIShaped, StreamState
 
 if TYPE_CHECKING:
+    from gateway.call import Call
+    from gateway.runtime import Runtime
     from generated import aleph_alpha as aleph_alpha_doc
 
 
@@ -20,14 +26,29 @@ def upper_snake(code: str) -> str:
     return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", code).upper()
 
 
+def turns(roles: list[Any]) -> list[Any]:
+    """The roles as turns: a run of `tool` messages right after an assistant message is the
+    turn the user would take (aleph_alpha.yaml's reading at `role`)."""
+    read: list[Any] = []
+    for position, role in enumerate(roles):
+        if role == "tool" and position > 0 and roles[position - 1] in ("assistant", "tool"):
+            read.append("user" if roles[position - 1] == "assistant" else None)
+        else:
+            read.append(role)
+    return read
+
+
 def check_message_order(messages: list[dict[str, Any]]) -> None:
-    """One optional system message first, then user/assistant alternating, first and last user."""
+    """One optional system message first, then user/assistant alternating, first and last user
+    (tool results after an assistant's calls taking the user's turn)."""
     roles = [m.get("role") for m in messages]
-    body = roles[1:] if roles and roles[0] == "system" else roles
-    for position, role in enumerate(body):
+    read = turns(roles)
+    first = 1 if roles and roles[0] == "system" else 0
+    body = [(index, role) for index, role in enumerate(read) if index >= first and role is not None]
+    for position, (index, role) in enumerate(body):
         expected = "user" if position % 2 == 0 else "assistant"
         if role != expected:
-            index = position + (len(roles) - len(body))
+            role = roles[index]
             raise BadRequest(
                 f"messages[{index}] has role '{role}' where '{expected}' is required: after one "
                 "optional system message, messages must alternate user/assistant, "
@@ -36,9 +57,9 @@ def check_message_order(messages: list[dict[str, Any]]) -> None:
                 loc=["body", "messages", index, "role"],
                 value=role,
             )
-    if not body or body[-1] != "user":
+    if not body or body[-1][1] != "user":
         raise BadRequest(
-            "The conversation must contain a user message and end with one.",
+            "messages: the conversation must contain a user message and end with one.",
             param="messages",
             loc=["body", "messages"],
         )
@@ -55,8 +76,41 @@ class AlephAlphaTranslator(OpenAIShaped):
     def check(self, request: ChatRequest) -> None:
         check_message_order(request.messages)
 
+    def message_body(self, choice: Choice, request: ChatRequest) -> dict[str, Any]:
+        """The document's message always has text `content` (the client reads it): empty, not
+        null, beside tool calls."""
+        message = super().message_body(choice, request)
+        if message["content"] is None:
+            message["content"] = ""
+        return message
+
+    def chunks(self, answer: Answer, event: Event, state: StreamState) -> list[dict[str, Any]]:
+        """Every delta has text `content` (the document requires it; the client reads it)."""
+        sent = super().chunks(answer, event, state)
+        for chunk in sent:
+            for choice in chunk["choices"]:
+                if choice["delta"].get("content", "") is None:
+                    choice["delta"]["content"] = ""
+        return sent
+
     def error_body(self, error: GatewayError, request_id: str) -> aleph_alpha_doc.ErrorResponse:
         return {"error": error.message, "code": upper_snake(error.code)}
+
+
+def model_body(name: str) -> aleph_alpha_doc.AvailableModel:
+    return {
+        "name": name,
+        "description": f"A chat model served by chatgate (deployment {name}).",
+        "chat": True,
+    }
+
+
+def operations(runtime: Runtime, translator: OpenAIShaped) -> dict[str, Handler]:
+    async def list_models_available(call: Call) -> Response:
+        listed = [model_body(name) for name in runtime.router.model_names(call.caller.may_use)]
+        return Response(orjson.dumps(listed), media_type=JSON)
+
+    return {"listModelsAvailable": list_models_available}
 
 
 DIALECT = Dialect(
@@ -65,4 +119,5 @@ DIALECT = Dialect(
     default_mount="/aleph-alpha",
     translator=AlephAlphaTranslator,
     chat_operations=("createChatCompletion",),
+    operations=operations,
 )

@@ -1,8 +1,9 @@
 """Azure AI Model Inference: POST /chat/completions and GET /info (both need `api-version`).
 
 Messages are read in the seed's shapes (content parts {type, content, detail} on any role) as
-well as the refspec's. Errors are the seed's flat bodies (`error`, `message`, `status`, and per
-status `code`, `param`, `detail`) with the machine-readable code in the `x-ms-error-code` header.
+well as the refspec's. Errors are the seed's bodies (`error`, `message`, `status`, and per
+status `code`, `param`, `detail`), `error` holding Azure.Core's `{code, message}` (what the
+azure-ai-inference SDK reads), with the code also in the `x-ms-error-code` header.
 The `azureml-model-deployment` header names the deployment.
 """
 
@@ -33,23 +34,6 @@ if TYPE_CHECKING:
     )
 
 DEPLOYMENT_HEADER = "azureml-model-deployment"
-SHORT_DESCRIPTIONS = {
-    400: "Bad request",
-    401: "Unauthorized",
-    403: "Forbidden",
-    404: "Not found",
-    405: "Method not allowed",
-    408: "Request timeout",
-    413: "Payload too large",
-    415: "Unsupported media type",
-    422: "Unprocessable content",
-    429: "Too many requests",
-    431: "Request header fields too large",
-    500: "Internal server error",
-    502: "Bad gateway",
-    503: "Service unavailable",
-    504: "Gateway timeout",
-}
 
 
 def detail_value(value: Any) -> str:
@@ -108,19 +92,19 @@ class AzureTranslator(OpenAIShaped):
         return super().chunks(answer, event, state)
 
     def error_body(self, error: GatewayError, request_id: str) -> AzureError:
-        """The seed's error body for the status: some have `code`, 400 names the `param`, 422
-        says where in `detail`."""
-        short = SHORT_DESCRIPTIONS.get(error.status, "Error")
+        """The seed's error body for the status (some have `code`, 400 names the `param`, 422
+        says where in `detail`), its `error` Azure.Core's object, which the SDK reads."""
+        described: azure_doc.ErrorObject = {"code": error.code, "message": error.message}
         match error.status:
             case 401:
-                return {"error": short, "message": error.message, "status": 401}
+                return {"error": described, "message": error.message, "status": 401}
             case 404:
-                return {"error": short, "message": error.message, "status": 404}
+                return {"error": described, "message": error.message, "status": 404}
             case 429:
-                return {"error": short, "message": error.message, "status": 429}
+                return {"error": described, "message": error.message, "status": 429}
             case 400:
                 bad: azure_doc.ContentFilterError = {
-                    "error": short,
+                    "error": described,
                     "message": error.message,
                     "status": 400,
                     "code": error.code,
@@ -131,13 +115,13 @@ class AzureTranslator(OpenAIShaped):
             case 422:
                 location = [str(p) for p in (error.loc or ["body", error.param or ""])]
                 return {
-                    "error": short,
+                    "error": described,
                     "message": error.message,
                     "status": 422,
                     "code": error.code,
                     "detail": {"loc": location, "value": detail_value(error.value)},
                 }
-        return {"error": short, "message": error.message, "status": error.status, "code": error.code}
+        return {"error": described, "message": error.message, "status": error.status, "code": error.code}
 
     def error(self, error: GatewayError, request_id: str) -> RenderedError:
         if isinstance(error, DeploymentForbidden):  # a hidden deployment is not found

@@ -237,11 +237,14 @@ class VendorDocument:
     seed_errors: dict[int | str, dict[str, Any]] = field(default_factory=dict)
 
 
-def seed_error(name: str, status: int | None, **more: dict[str, Any]) -> dict[str, Any]:
+def seed_error(
+    name: str, status: int | None, error: dict[str, Any] | None = None, **more: dict[str, Any]
+) -> dict[str, Any]:
     """One error table of a seed as JSON Schema: its fields and no others (a seed's table lists
-    every field of the body), typed as the table says; none of them marked required."""
+    every field of the body), typed as the table says (`error`: where a dialect reads it
+    differently); none of them marked required."""
     properties: dict[str, Any] = {
-        "error": {"type": "string"},
+        "error": error or {"type": "string"},
         "message": {"type": "string"},
         "status": {"type": "integer"} if status is None else {"enum": [status]},
         **more,
@@ -268,6 +271,16 @@ OPENAI = VendorDocument(
     },
 )
 
+# Azure's `error`: the seed's field, holding the document's (Azure.Core's) error object, which
+# the azure-ai-inference SDK reads into HttpResponseError.error (openapi/azure.yaml, the reading
+# at the error bodies).
+AZURE_ERROR: dict[str, Any] = {
+    "type": "object",
+    "required": ["code", "message"],
+    "properties": {"code": {"type": "string"}, "message": {"type": "string"}},
+    "additionalProperties": False,
+}
+
 AZURE = VendorDocument(
     dialect="azure",
     file="azure-ai-model-inference/2024-05-01-preview.openapi.json",
@@ -277,6 +290,7 @@ AZURE = VendorDocument(
         CHUNK: "StreamingChatCompletionsUpdate",
         "model_info": "ModelInfo",
         "request": "ChatCompletionsOptions",
+        ERROR: "Azure.Core.Foundations.ErrorResponse",
     },
     answers={("post", "/chat/completions"): COMPLETION, ("get", "/info"): "model_info"},
     deviations=(
@@ -316,19 +330,13 @@ AZURE = VendorDocument(
             "`chat_completion` in its ModelType, which chatgate sends.",
         ),
     ),
-    not_checked={
-        ERROR: "The document gives every error the Azure.Core shape {error: {code, message}}; the seed "
-        "documents flat bodies {error, message, status, code, …} per status, which chatgate sends "
-        "(the code also goes in `x-ms-error-code`, the part of Azure.Core's contract kept). The two "
-        "shapes disagree on the type of `error`, so no body can satisfy both: error bodies are "
-        "checked against the seed's tables instead (`seed_errors`).",
-    },
     seed_errors={
-        401: seed_error("UnauthorizedError", 401),
-        404: seed_error("NotFoundError", 404),
+        401: seed_error("UnauthorizedError", 401, AZURE_ERROR),
+        404: seed_error("NotFoundError", 404, AZURE_ERROR),
         422: seed_error(
             "UnprocessableContentError",
             422,
+            AZURE_ERROR,
             code={"type": "string"},
             detail={
                 "type": "object",
@@ -339,8 +347,10 @@ AZURE = VendorDocument(
                 "additionalProperties": False,
             },
         ),
-        429: seed_error("TooManyRequestsError", 429),
-        "default": seed_error("ContentFilterError", None, code={"type": "string"}, param={"type": "string"}),
+        429: seed_error("TooManyRequestsError", 429, AZURE_ERROR),
+        "default": seed_error(
+            "ContentFilterError", None, AZURE_ERROR, code={"type": "string"}, param={"type": "string"}
+        ),
     },
 )
 
@@ -367,9 +377,11 @@ ALEPH_ALPHA = VendorDocument(
         Deviation(
             "ChatResponseMessage",
             "/properties/finish_reason",
-            {"type": ["string", "null"], "enum": ["stop", "length", "content_filter", None]},
+            {"type": ["string", "null"], "enum": ["stop", "length", "content_filter", "tool_calls", None]},
             "The document's own description: when streaming, `finish_reason` is set only in the last "
-            "chunk of a completion and null otherwise; the schema forgot `nullable`.",
+            "chunk of a completion and null otherwise; the schema forgot `nullable`. And a completion "
+            "that calls the document's tools ends with `tool_calls`, which its official client 11.x "
+            "reads (FinishReason.ToolCalls) and its enum forgot.",
         ),
         Deviation(
             "ChatResponseMessage",
@@ -552,12 +564,14 @@ class VendorSpecs:
         vendor = VENDOR_DOCUMENTS.get(dialect)
         if vendor is None:
             return []
-        if kind == ERROR and vendor.seed_errors and status is not None:
-            return seed_error_errors(vendor, status, body)
+        by_seed = kind == ERROR and bool(vendor.seed_errors) and status is not None
+        seed = seed_error_errors(vendor, status, body) if by_seed and status is not None else []
+        if by_seed and ERROR not in vendor.kinds:  # the seed's tables in place of the vendor's
+            return seed
         if kind in vendor.not_checked:
             return []
         validate = validator(self.refspecs_dir, dialect, kind, without)
-        return [] if validate is None else validate(body)
+        return seed + ([] if validate is None else validate(body))
 
 
 def seed_error_errors(vendor: VendorDocument, status: int, body: Any) -> list[str]:

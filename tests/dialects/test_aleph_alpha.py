@@ -1,6 +1,7 @@
 """The Aleph Alpha translator (gateway/dialects/aleph_alpha.py), table by table: the parameters
-aleph_alpha.yaml defines, those it marks `x-chatgate-unsupported` (ignored ones dropped, rejected
-ones refused with 400, as the document says), the strict message order (400), completions with
+aleph_alpha.yaml defines (the seed's and the 4.7.0 document's), those it marks
+`x-chatgate-unsupported` (ignored ones dropped, parallel_tool_calls refused with 400, as the
+document says), the strict message order (400; tool results take the user's turn), completions with
 -9999.0 for a logprob the backend could not give and no `refusal` in logprobs, chunks with
 `usage` and `system_fingerprint` null where the seed says so, finish chunks with `content: ""`,
 and errors as
@@ -40,6 +41,12 @@ from tests.documents import response_errors
 
 TRANSLATOR = cases.translator("aleph_alpha")
 SPEC, PATH = "aleph_alpha.yaml", "/chat/completions"
+
+
+WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+WEATHER_CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+JSON_SCHEMA_FORMAT = {"type": "json_schema", "json_schema": {"name": "answer", "schema": {"type": "object"}}}
+IMAGE_PART = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
 
 
 def conversation(*roles: str) -> list[dict[str, str]]:
@@ -82,7 +89,39 @@ READS = [
         {},
     ),
     ReadCase(
-        "rejected parameters sent as null read as unset",
+        "tools and tool_choice (the 4.7.0 document)",
+        {"tools": [WEATHER_TOOL], "tool_choice": "required"},
+        {"tools": [WEATHER_TOOL], "tool_choice": "required"},
+    ),
+    ReadCase(
+        "response_format with a JSON schema (the 4.7.0 document)",
+        {"response_format": JSON_SCHEMA_FORMAT},
+        {"response_format": JSON_SCHEMA_FORMAT},
+    ),
+    ReadCase(
+        "steering_concepts and the client's top_k are options",
+        {"steering_concepts": ["concept-1"], "top_k": 5},
+        {"options": {"steering_concepts": ["concept-1"], "top_k": 5}},
+    ),
+    ReadCase(
+        "image parts, and a tool result taking the user's turn",
+        {
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "x"}, IMAGE_PART]},
+                {"role": "assistant", "content": "", "tool_calls": [WEATHER_CALL]},
+                {"role": "tool", "content": "18 degrees", "tool_call_id": "call_1"},
+            ]
+        },
+        {
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "x"}, IMAGE_PART]},
+                {"role": "assistant", "content": "", "tool_calls": [WEATHER_CALL]},
+                {"role": "tool", "content": "18 degrees", "tool_call_id": "call_1"},
+            ]
+        },
+    ),
+    ReadCase(
+        "tools, tool_choice and response_format sent as null read as unset",
         {"tools": None, "tool_choice": None, "response_format": None},
         {},
     ),
@@ -138,9 +177,6 @@ def out_of_order(roles: list[str], index: int | None) -> RefusedCase:
 
 
 REFUSED = [
-    rejected("tools", [{"type": "function", "function": {"name": "get_weather"}}]),
-    rejected("tool_choice", "auto"),
-    rejected("response_format", {"type": "json_object"}),
     rejected("parallel_tool_calls", False),
     RefusedCase(
         "max_tokens and maximum_tokens together",
@@ -303,12 +339,13 @@ def test_completion(case: CompletionCase):
     assert response_errors(SPEC, PATH, "post", 200, body) == []
 
 
-# Aleph Alpha takes no tools (they are rejected), so no answer of its ends with tool_calls.
+# The 4.7.0 document takes tools; its service (and client) end such an answer with tool_calls.
 FINISH_WORDS = [
     ("stop", "stop"),
     ("stop_sequence", "stop"),
     ("length", "length"),
     ("content_filter", "content_filter"),
+    ("tool_calls", "tool_calls"),
 ]
 
 

@@ -1,5 +1,5 @@
 """The Azure AI Model Inference translator (gateway/dialects/azure.py), table by table: the few
-parameters azure.yaml defines (everything else, `n` and `stream_options` too, is extra), OpenAI's
+parameters azure.yaml defines (everything else, `n` too, is extra), OpenAI's
 completion and stream shapes without `refusal` or a choice's `logprobs` (neither is in
 azure.yaml), `usage` in a stream's last chunk, and the seed's flat error bodies with the code in
 `x-ms-error-code` (and not in the body for 401, 404 and 429)."""
@@ -78,9 +78,9 @@ READS = [
     # type, for the extra-parameters policy to pass, drop or refuse.
     ReadCase("n is extra, even not a number", {"n": "x"}, {"extra": {"n": "x"}}),
     ReadCase(
-        "stream_options is extra, even not an object: no usage chunk",
-        {"stream": True, "stream_options": "x"},
-        {"stream": True, "extra": {"stream_options": "x"}},
+        "stream_options (LiteLLM's azure_ai sends it): include_usage read",
+        {"stream": True, "stream_options": {"include_usage": True}},
+        {"stream": True, "include_usage": True},
     ),
     ReadCase(
         "max_completion_tokens is extra: max_tokens stays unset",
@@ -308,8 +308,15 @@ def test_stream(case: StreamCase):
 # ----- error ------------------------------------------------------------------------------------
 
 
-def error_body(error: GatewayError, short: str, **more: Any) -> dict[str, Any]:
-    return {"error": short, "message": error.message, "status": error.status, **more}
+def error_body(error: GatewayError, described: str, **more: Any) -> dict[str, Any]:
+    """The seed's fields; `error` Azure.Core's object, which the SDK reads (its `code` the one
+    `x-ms-error-code` carries)."""
+    return {
+        "error": {"code": described, "message": error.message},
+        "message": error.message,
+        "status": error.status,
+        **more,
+    }
 
 
 def error_code(code: str, **more: str) -> dict[str, str]:
@@ -330,28 +337,30 @@ ERRORS = [
         "400 invalid body names its param",
         cases.INVALID_BODY,
         400,
-        error_body(cases.INVALID_BODY, "Bad request", code="BadRequest", param="messages[0].content"),
+        error_body(cases.INVALID_BODY, "BadRequest", code="BadRequest", param="messages[0].content"),
         error_code("BadRequest"),
     ),
     ErrorCase(
         "400 without a parameter has no param",
         cases.NOT_JSON,
         400,
-        error_body(cases.NOT_JSON, "Bad request", code="BadRequest"),
+        error_body(cases.NOT_JSON, "BadRequest", code="BadRequest"),
         error_code("BadRequest"),
     ),
     ErrorCase(
         "400 extra parameter",
         cases.EXTRA_PARAMETER,
         400,
-        error_body(cases.EXTRA_PARAMETER, "Bad request", code="ExtraParameterNotAllowed", param="mood"),
+        error_body(
+            cases.EXTRA_PARAMETER, "ExtraParameterNotAllowed", code="ExtraParameterNotAllowed", param="mood"
+        ),
         error_code("ExtraParameterNotAllowed"),
     ),
     ErrorCase(
         "400 content filter",
         cases.PROMPT_FILTERED,
         400,
-        error_body(cases.PROMPT_FILTERED, "Bad request", code="content_filter", param="messages"),
+        error_body(cases.PROMPT_FILTERED, "content_filter", code="content_filter", param="messages"),
         error_code("content_filter"),
     ),
     ErrorCase(
@@ -365,35 +374,39 @@ ERRORS = [
         "hidden deployment is 404, as an unknown deployment",
         cases.HIDDEN_DEPLOYMENT,
         404,
-        {"error": "Not found", "message": "Deployment 'text-only' not found.", "status": 404},
+        {
+            "error": {"code": "DeploymentNotFound", "message": "Deployment 'text-only' not found."},
+            "message": "Deployment 'text-only' not found.",
+            "status": 404,
+        },
         error_code("DeploymentNotFound"),
     ),
     ErrorCase(
         "404 has no code in the body",
         cases.UNKNOWN_MODEL,
         404,
-        error_body(cases.UNKNOWN_MODEL, "Not found"),
+        error_body(cases.UNKNOWN_MODEL, "ModelNotFound"),
         error_code("ModelNotFound"),
     ),
     ErrorCase(
         "405 with Allow",
         cases.WRONG_METHOD,
         405,
-        error_body(cases.WRONG_METHOD, "Method not allowed", code="MethodNotAllowed"),
+        error_body(cases.WRONG_METHOD, "MethodNotAllowed", code="MethodNotAllowed"),
         error_code("MethodNotAllowed", Allow="POST"),
     ),
     ErrorCase(
         "413",
         cases.BODY_TOO_LARGE,
         413,
-        error_body(cases.BODY_TOO_LARGE, "Payload too large", code="PayloadTooLarge"),
+        error_body(cases.BODY_TOO_LARGE, "PayloadTooLarge", code="PayloadTooLarge"),
         error_code("PayloadTooLarge"),
     ),
     ErrorCase(
         "415",
         cases.NOT_JSON_MEDIA,
         415,
-        error_body(cases.NOT_JSON_MEDIA, "Unsupported media type", code="UnsupportedMediaType"),
+        error_body(cases.NOT_JSON_MEDIA, "UnsupportedMediaType", code="UnsupportedMediaType"),
         error_code("UnsupportedMediaType"),
     ),
     ErrorCase(
@@ -402,7 +415,7 @@ ERRORS = [
         422,
         error_body(
             cases.UNSUPPORTED_PARAMETER,
-            "Unprocessable content",
+            "UnsupportedParameter",
             code="UnsupportedParameter",
             detail={"loc": ["body", "top_k"], "value": "5"},
         ),
@@ -414,7 +427,7 @@ ERRORS = [
         422,
         error_body(
             IMAGE_REFUSED,
-            "Unprocessable content",
+            "UnsupportedContent",
             code="UnsupportedContent",
             detail={"loc": ["body", "messages", "0", "content", "1", "type"], "value": "image_url"},
         ),
@@ -426,7 +439,7 @@ ERRORS = [
         422,
         error_body(
             N_REFUSED,
-            "Unprocessable content",
+            "UnprocessableContent",
             code="UnprocessableContent",
             detail={"loc": ["body", "n"], "value": "3"},
         ),
@@ -436,35 +449,35 @@ ERRORS = [
         "429 has no code in the body, keeps Retry-After",
         cases.RATE_LIMITED,
         429,
-        error_body(cases.RATE_LIMITED, "Too many requests"),
+        error_body(cases.RATE_LIMITED, "RateLimitExceeded"),
         error_code("RateLimitExceeded", **cases.RATE_LIMIT_HEADERS),
     ),
     ErrorCase(
         "500",
         cases.INTERNAL,
         500,
-        error_body(cases.INTERNAL, "Internal server error", code="InternalServerError"),
+        error_body(cases.INTERNAL, "InternalServerError", code="InternalServerError"),
         error_code("InternalServerError"),
     ),
     ErrorCase(
         "502",
         cases.ANSWER_TOO_LARGE,
         502,
-        error_body(cases.ANSWER_TOO_LARGE, "Bad gateway", code="ResponseTooLarge"),
+        error_body(cases.ANSWER_TOO_LARGE, "ResponseTooLarge", code="ResponseTooLarge"),
         error_code("ResponseTooLarge"),
     ),
     ErrorCase(
         "503 with Retry-After",
         cases.NO_REPLICA,
         503,
-        error_body(cases.NO_REPLICA, "Service unavailable", code="NoHealthyReplica"),
+        error_body(cases.NO_REPLICA, "NoHealthyReplica", code="NoHealthyReplica"),
         error_code("NoHealthyReplica", **{"Retry-After": "5"}),
     ),
     ErrorCase(
         "504",
         cases.UPSTREAM_TIMEOUT,
         504,
-        error_body(cases.UPSTREAM_TIMEOUT, "Gateway timeout", code="UpstreamTimeout"),
+        error_body(cases.UPSTREAM_TIMEOUT, "UpstreamTimeout", code="UpstreamTimeout"),
         error_code("UpstreamTimeout"),
     ),
 ]

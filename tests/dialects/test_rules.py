@@ -160,12 +160,12 @@ CASES = [
     # logit_bias keys on every dialect that has logit_bias
     *(
         row(dialect, "required-tool_choice-needs-tools", breaks, {**breaks, "tools": [TOOL]}, "tool_choice")
-        for dialect in ("openai", "azure")
+        for dialect in ("openai", "azure", "aleph_alpha")
         for breaks in ({"tool_choice": "required"}, {"tool_choice": "required", "tools": None})
     ),
     *(
         row(dialect, "named-tool_choice-among-tools", breaks, {**breaks, "tools": [TOOL]}, "tool_choice")
-        for dialect in ("openai", "azure", "ovms")
+        for dialect in ("openai", "azure", "ovms", "aleph_alpha")
         for breaks in ({"tool_choice": NAMED_F}, {"tool_choice": NAMED_F, "tools": [OTHER_TOOL]})
     ),
     row(
