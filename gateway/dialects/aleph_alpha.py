@@ -13,12 +13,10 @@ from starlette.responses import Response
 
 from gateway.core.canonical import ChatRequest, Choice, Event
 from gateway.core.errors import BadRequest, GatewayError
-from gateway.dialects.dialect import Dialect, Handler
+from gateway.dialects.dialect import Dialect, Handler, ModelDirectory, OperationCall
 from gateway.dialects.shape import JSON, Answer, OpenAIShaped, StreamState
 
 if TYPE_CHECKING:
-    from gateway.call import Call
-    from gateway.runtime import Runtime
     from generated import aleph_alpha as aleph_alpha_doc
 
 
@@ -105,8 +103,8 @@ def model_body(name: str) -> aleph_alpha_doc.AvailableModel:
     }
 
 
-def operations(runtime: Runtime, translator: OpenAIShaped) -> dict[str, Handler]:
-    async def list_models_available(call: Call) -> Response:
+def operations(runtime: ModelDirectory, translator: OpenAIShaped) -> dict[str, Handler]:
+    async def list_models_available(call: OperationCall) -> Response:
         listed = [model_body(name) for name in runtime.router.model_names(call.caller.may_use)]
         return Response(orjson.dumps(listed), media_type=JSON)
 
