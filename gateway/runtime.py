@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 
 from starlette.types import Receive
 
@@ -71,7 +71,7 @@ class Runtime:
         """The most seconds a request may take here (its deployment's total timeout)."""
         return max(d.timeouts.total for d in self.settings.deployments)
 
-    async def admit(
+    def admit(
         self,
         request: ChatRequest,
         headers: Mapping[str, str],
@@ -79,11 +79,11 @@ class Runtime:
         record: RequestRecord,
         deployment_name: str | None = None,
         receive: Receive | None = None,
-    ) -> Admission:
+    ) -> Awaitable[Admission]:
         """Apply policy; raise the GatewayError that refuses the request. `deployment_name` is
         what a dialect's routing header named, if it has one; `receive` is given by the dialects
-        that screen media."""
-        return await self.pipeline.admit(request, headers, caller, record, deployment_name, receive)
+        that screen media. (The pipeline's coroutine itself, not one more around it.)"""
+        return self.pipeline.admit(request, headers, caller, record, deployment_name, receive)
 
     def generate(self, admission: Admission, request: ChatRequest, record: RequestRecord) -> EventStream:
         """The backend's events (through retries, fallback and timeouts), with the answer's
@@ -93,9 +93,9 @@ class Runtime:
             admission, lambda on_usage: dispatcher.events(deployment, request, record, on_usage)
         )
 
-    async def release(self, admission: Admission) -> None:
+    def release(self, admission: Admission) -> Awaitable[None]:
         """Give back a budget reservation no answer will settle; once settled, nothing."""
-        await self.pipeline.release(admission)
+        return self.pipeline.release(admission)
 
     async def aclose(self) -> None:
         await self.router.aclose()

@@ -1,11 +1,15 @@
 """The admission steps, each a small object with one method, `apply(admission)`: it raises the
 GatewayError that refuses the request, or records on the admission what later steps and the
-answer need. `apply` is a plain method where the step never waits, a coroutine where it may;
+answer need. `apply` is a plain method; it returns an awaitable only when the step must wait
+(a store to ask, a tokenizer in a thread, images to fetch): no coroutine for the rest.
 `needed` says, when the pipeline is built, whether a deployment has anything for the step to do
 (a step with nothing to do is left out of its list)."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+
+from gateway.config import Key
 from gateway.core.errors import DeploymentForbidden
 from gateway.disconnect import unless_client_leaves
 from gateway.policy import capabilities
@@ -13,7 +17,8 @@ from gateway.policy.admission import Admission, Policy
 from gateway.policy.budgets import accounts, exhausted, most_generated, reservation
 from gateway.policy.extra_params import DROPPED_HEADER, apply_extra_params, dropped_header, resolve_policy
 from gateway.policy.extra_params import HEADER as EXTRA_PARAMS_HEADER
-from gateway.policy.limits import limited_kinds, rate_headers, refused, too_large
+from gateway.policy.limits import Bucket, limited_kinds, rate_headers, refused, too_large
+from gateway.policy.token_count import estimate
 from gateway.router import LiveDeployment, Router
 
 
@@ -84,7 +89,15 @@ class CountPrompt:
     def __init__(self, policy: Policy, live: LiveDeployment) -> None:
         self.counter = policy.counters[live.name]
 
-    async def apply(self, admission: Admission) -> None:
+    def apply(self, admission: Admission) -> Awaitable[None] | None:
+        """Estimated at once; counted with a tokenizer (in a thread, for a long prompt)."""
+        if self.counter.exact:
+            return self.counted(admission)
+        request = admission.request
+        admission.prompt_tokens = request.prompt_tokens = estimate(request.messages)
+        return None
+
+    async def counted(self, admission: Admission) -> None:
         request = admission.request
         admission.prompt_tokens = request.prompt_tokens = await self.counter.count(request.messages)
 
@@ -156,11 +169,12 @@ class RateLimits:
         self.key_limits = policy.key_limits
         self.deployment_limits = policy.deployment_limits[live.name]
 
-    async def apply(self, admission: Admission) -> None:
+    def apply(self, admission: Admission) -> Awaitable[None] | None:
         key_limits = self.key_limits.get(admission.caller.name, ())
         buckets = admission.buckets = [*key_limits, *self.deployment_limits]
-        if not buckets:
-            return
+        return self.take(admission, buckets) if buckets else None
+
+    async def take(self, admission: Admission, buckets: list[Bucket]) -> None:
         verdict = await self.limiter.take(buckets, admission.prompt_tokens)
         if not verdict.allowed:
             oversized = too_large(verdict)  # looked for only once refused: no cost when admitted
@@ -184,11 +198,12 @@ class Budgets:
         self.limiter = policy.limiter
         self.price = live.config.price
 
-    async def apply(self, admission: Admission) -> None:
-        key, request = admission.caller.key, admission.request
-        if key is None or not key.budgets:
-            return
-        limiter = self.limiter
+    def apply(self, admission: Admission) -> Awaitable[None] | None:
+        key = admission.caller.key
+        return self.reserve(admission, key) if key is not None and key.budgets else None
+
+    async def reserve(self, admission: Admission, key: Key) -> None:
+        request, limiter = admission.request, self.limiter
         found = accounts(key.name, key.budgets, limiter.now())
         # a hard budget holds the most the answer may generate, too
         hard = any(b.hard for b in key.budgets)
@@ -216,8 +231,9 @@ class MediaScreen:
     def __init__(self, policy: Policy, live: LiveDeployment) -> None:
         self.media = policy.media
 
-    async def apply(self, admission: Admission) -> None:
-        if self.media.names_images(admission.request):
-            assert admission.receive is not None, "a dialect that screens media hands the receive channel"
-            # files read and images fetched stop when the client leaves
-            await unless_client_leaves(self.media.screen(admission.request), admission.receive)
+    def apply(self, admission: Admission) -> Awaitable[None] | None:
+        if not self.media.names_images(admission.request):
+            return None
+        assert admission.receive is not None, "a dialect that screens media hands the receive channel"
+        # files read and images fetched stop when the client leaves
+        return unless_client_leaves(self.media.screen(admission.request), admission.receive)

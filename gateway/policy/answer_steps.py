@@ -1,9 +1,12 @@
 """The answer's steps. Two kinds, each a small object with one method: a usage step's `apply`
-runs when the answer's usage passes (a plain method or a coroutine); a stream step's `wrap`
+runs when the answer's usage passes (a plain method, which returns an awaitable only when the
+step must wait); a stream step's `wrap`
 stacks a layer on the answer's events. Each is built only where a deployment has something for
 it to do: every layer costs something on every chunk."""
 
 from __future__ import annotations
+
+from collections.abc import Awaitable
 
 from gateway.core.canonical import EventStream, Usage
 from gateway.policy.admission import Admission, Policy
@@ -44,11 +47,12 @@ class ChargeTokenLimits:
     def __init__(self, policy: Policy, live: LiveDeployment) -> None:
         self.limiter = policy.limiter
 
-    async def apply(self, admission: Admission, usage: Usage) -> None:
-        if admission.buckets:
-            # what admission took was the prompt's estimate; a reported prompt count corrects it
-            correction = usage.prompt_tokens - admission.prompt_tokens if usage.prompt_tokens else 0
-            await self.limiter.charge(admission.buckets, usage.completion_tokens + correction)
+    def apply(self, admission: Admission, usage: Usage) -> Awaitable[None] | None:
+        if not admission.buckets:
+            return None
+        # what admission took was the prompt's estimate; a reported prompt count corrects it
+        correction = usage.prompt_tokens - admission.prompt_tokens if usage.prompt_tokens else 0
+        return self.limiter.charge(admission.buckets, usage.completion_tokens + correction)
 
 
 class SettleBudgets:
@@ -64,11 +68,12 @@ class SettleBudgets:
         self.limiter = policy.limiter
         self.price = live.config.price
 
-    async def apply(self, admission: Admission, usage: Usage) -> None:
+    def apply(self, admission: Admission, usage: Usage) -> Awaitable[None] | None:
         held = admission.reservation
-        if held is not None and not held.settled:
-            held.settled = True
-            await self.limiter.settle(held, used(held.accounts, usage, self.price))
+        if held is None or held.settled:
+            return None
+        held.settled = True
+        return self.limiter.settle(held, used(held.accounts, usage, self.price))
 
 
 class ReleaseUnsettled:

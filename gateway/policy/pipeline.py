@@ -8,7 +8,7 @@ The answer (as it comes back):
 
 Each deployment's lists are built once, when the runtime is (at start and at each reload),
 with only the steps it has something for; a request then runs its deployment's lists: plain
-steps called, coroutines awaited only where a step may wait."""
+steps called, an awaitable awaited only when a step returns one (it must wait)."""
 
 from __future__ import annotations
 
