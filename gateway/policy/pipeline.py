@@ -1,10 +1,11 @@
 """The policy, in order: the one place that says which steps a request goes through and when.
 
 Admission (before the backend is asked; each step may refuse the request):
-    ADMISSION — the route first, then the deployment's steps.
+    ROUTE picks the deployment; then ADMISSION, that deployment's steps, in this order.
 The answer (as it comes back):
     ANSWER_USAGE — when the usage passes, in this order;
     ANSWER_STREAM — layers stacked on the events, innermost first.
+(The README's "Policy" section lists the same order; tests/test_policy_pipeline.py holds it.)
 
 Each deployment's lists are built once, when the runtime is (at start and at each reload),
 with only the steps it has something for; a request then runs its deployment's lists: plain
@@ -82,11 +83,6 @@ ADMISSION: tuple[StepKind[AdmissionStep], ...] = (
 )
 ANSWER_USAGE: tuple[StepKind[UsageStep], ...] = (Cost, ChargeTokenLimits, SettleBudgets)
 ANSWER_STREAM: tuple[StepKind[StreamStep], ...] = (ReleaseUnsettled, OutputFilter)
-
-
-def titles() -> list[str]:
-    """Every step's title, in the order the pipeline runs them (the README lists these)."""
-    return [ROUTE.title, *(kind.title for kind in (*ADMISSION, *ANSWER_STREAM[::-1], *ANSWER_USAGE))]
 
 
 @dataclass(slots=True)
