@@ -1,7 +1,7 @@
 """The chat request's one flow, the same for every dialect:
 
-    translator.read → runtime.admit (policy) → images screened (dialects that say so)
-    → runtime.generate (router, dispatch, backend)
+    translator.read → runtime.admit (policy: gateway/policy/pipeline.py; images screened in
+    dialects that say so) → runtime.generate (router, dispatch, backend, the answer's policy)
     → translator.completion, or translator.chunks framed as SSE / JSON lines
 
 The translator only translates and the runtime only decides; this module is the only one that
@@ -69,7 +69,7 @@ class ChatPipeline:
         self.runtime = runtime
         self.translator = translator
         self.routing_header = dialect.routing_header
-        self.media = runtime.media if dialect.screens_media else None
+        self.screens_media = dialect.screens_media
         self.max_response_bytes = runtime.settings.server.max_response_bytes
 
     async def __call__(self, call: Call) -> Response:
@@ -91,9 +91,10 @@ class ChatPipeline:
         request.trace = call.record.ids = Trace.of(call.request_id, call.headers)
         call.record.stream = request.stream
         deployment_name = call.headers.get(self.routing_header) if self.routing_header else None
-        admission = await runtime.admit(request, call.headers, call.caller, call.record, deployment_name)
-        call.record.model = request.model or admission.deployment.model
-        call.record.backend = admission.deployment.config.backend
+        receive = call.receive if self.screens_media else None
+        admission = await runtime.admit(
+            request, call.headers, call.caller, call.record, deployment_name, receive
+        )
         try:
             return await self.respond(call, request, admission)
         except BaseException:
@@ -102,9 +103,6 @@ class ChatPipeline:
 
     async def respond(self, call: Call, request: ChatRequest, admission: Admission) -> Response:
         translator, runtime = self.translator, self.runtime
-        if self.media is not None and self.media.names_images(request):
-            # files read and images fetched stop when the client leaves
-            await unless_client_leaves(self.media.screen(request), call.receive)
         events = runtime.generate(admission, request, call.record)
         answer = Answer(
             id=translator.id_prefix + random_hex(),

@@ -15,7 +15,6 @@ from backends import Backend, Capabilities, create_backend
 from gateway.config import ConfigError, Deployment
 from gateway.core.errors import DeploymentNotFound, ModelNotFound
 from gateway.policy.capabilities import effective
-from gateway.policy.limits import Bucket, buckets_for
 from gateway.wait_queue import WaitQueue
 
 WILDCARD = "*"
@@ -105,13 +104,11 @@ class LiveDeployment:
     config: Deployment
     replicas: list[Replica]
     capabilities: Capabilities = field(init=False)
-    buckets: list[Bucket] = field(init=False)
     queue: WaitQueue = field(init=False)
     fallbacks: list[LiveDeployment] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.capabilities = effective(self.replicas[0].backend.capabilities, self.config.capabilities)
-        self.buckets = buckets_for(f"deployment:{self.config.name}", self.config.limits)
         concurrency = self.config.concurrency
         self.queue = WaitQueue(concurrency.queue, concurrency.queue_timeout)
         for replica in self.replicas:

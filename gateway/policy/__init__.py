@@ -1,1 +1,1 @@
-"""Gateway policy, applied once for every dialect: auth, extra parameters, capabilities, limits."""
+"""Gateway policy, applied once for every dialect: the steps, and their order in pipeline.py."""
