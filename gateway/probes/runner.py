@@ -62,7 +62,7 @@ async def probe(target: Target, probes: ProbeSet) -> ProbeReport:
     finally:
         await keyed.aclose()
         await keyless.aclose()
-    return ProbeReport(target.base_url, target.model, probes.dialect, list(findings))
+    return ProbeReport(target.base_url, target.model, probes.dialect, list(findings), dict(probes.absent))
 
 
 def client(target: Target, headers: Mapping[str, str]) -> UpstreamClient:
@@ -99,7 +99,9 @@ async def ask(upstream: UpstreamClient, path: str, body: dict[str, Any], timeout
             while piece := await answer.read_some():
                 chunks += [parsed(payload) for payload in decoder.feed(piece)]
             chunks += [parsed(payload) for payload in decoder.close()]
-            return Answer(status, streamed=True, chunks=tuple(chunks), done=decoder.done)
+            return Answer(
+                status, streamed=True, chunks=tuple(chunks), done=decoder.done, media_type=answer.media_type
+            )
     except TimeoutError:
         return Answer(failure=f"no answer within {timeout:g} s")
     except UpstreamError as error:
