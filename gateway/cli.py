@@ -271,9 +271,14 @@ def conformance(
             "found) or vendor (the vendor's current document alone, from refspecs)."
         ),
     ] = "seed",
-    probes: Annotated[
-        bool, typer.Option(help="Run the feature probes (the dialects that have them).")
-    ] = True,
+    probes: Annotated[bool, typer.Option(help="Run the feature probes.")] = True,
+    phases: Annotated[
+        str,
+        typer.Option(
+            help="schemathesis' phases to run, comma-separated: examples, coverage (boundary "
+            "values: most of the cases), fuzzing (random cases: --seed repeats them), stateful."
+        ),
+    ] = "examples,coverage,fuzzing,stateful",
     report_file: Annotated[
         Path | None, typer.Option("--report", help="Write the report as JSON (features, findings).")
     ] = None,
@@ -312,7 +317,7 @@ def conformance(
             extra_fields=extra_fields,
             seed=seed,
             model=model,
-            budget=Budget(timeout, max_time),
+            budget=Budget(timeout, max_time, tuple(p.strip() for p in phases.split(",") if p.strip())),
             against=against,
             probe_features=probes,
             progress=lambda line: typer.echo(line, err=True),  # a long run shows it goes on

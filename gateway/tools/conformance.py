@@ -292,6 +292,7 @@ def load_schema(
     schema.config.update(continue_on_failure=True, request_timeout=budget.timeout)
     if budget.max_time is not None:
         schema.config.max_time = max(1, round(budget.max_time))
+    schema.config.phases.update(phases=list(budget.phases))
     schema.config.checks.update(
         included_check_names=["all"], excluded_check_names=list(excluded_checks) or None
     )
@@ -311,12 +312,17 @@ def load_schema(
 AGAINST = ("seed", "vendor")
 
 
+PHASES = ("examples", "coverage", "fuzzing", "stateful")  # schemathesis', in the order they run
+
+
 @dataclass(frozen=True)
 class Budget:
-    """How much a run may try: seconds per request, and for the fuzzing as a whole."""
+    """How much a run may try: seconds per request and for the fuzzing as a whole, and which of
+    schemathesis' phases run."""
 
     timeout: float = 30.0
     max_time: float | None = None
+    phases: tuple[str, ...] = PHASES
 
 
 def run(
@@ -354,6 +360,8 @@ def run(
         raise ConformanceUnavailable(f"--extra-fields {extra_fields!r}: one of {', '.join(EXTRA_FIELDS)}")
     if against not in AGAINST:
         raise ConformanceUnavailable(f"--against {against!r}: one of {', '.join(AGAINST)}")
+    if not budget.phases or not set(budget.phases) <= set(PHASES):
+        raise ConformanceUnavailable(f"--phases {','.join(budget.phases)!r}: some of {','.join(PHASES)}")
     reachable(url)
     register_checks()
     vendors = None
