@@ -225,8 +225,12 @@ def conformance(
         ),
     ],
     dialect: Annotated[
-        str, typer.Option(help="The document to test against: openai | azure | aleph_alpha | lmi | ovms.")
-    ] = "openai",
+        str | None,
+        typer.Option(
+            help="The document to test against and the probes sent: openai | azure | aleph_alpha | "
+            "lmi | ovms (default: the one the endpoint serves at /openapi.json, else openai)."
+        ),
+    ] = None,
     max_examples: Annotated[int, typer.Option(min=1, help="Generated cases per operation and phase.")] = 20,
     key: Annotated[
         str | None,
@@ -267,9 +271,14 @@ def conformance(
             "found) or vendor (the vendor's current document alone, from refspecs)."
         ),
     ] = "seed",
-    probes: Annotated[
-        bool, typer.Option(help="Run the feature probes (the dialects that have them).")
-    ] = True,
+    probes: Annotated[bool, typer.Option(help="Run the feature probes.")] = True,
+    phases: Annotated[
+        str,
+        typer.Option(
+            help="schemathesis' phases to run, comma-separated: examples, coverage (boundary "
+            "values: most of the cases), fuzzing (random cases: --seed repeats them), stateful."
+        ),
+    ] = "examples,coverage,fuzzing,stateful",
     report_file: Annotated[
         Path | None, typer.Option("--report", help="Write the report as JSON (features, findings).")
     ] = None,
@@ -308,7 +317,7 @@ def conformance(
             extra_fields=extra_fields,
             seed=seed,
             model=model,
-            budget=Budget(timeout, max_time),
+            budget=Budget(timeout, max_time, tuple(p.strip() for p in phases.split(",") if p.strip())),
             against=against,
             probe_features=probes,
             progress=lambda line: typer.echo(line, err=True),  # a long run shows it goes on
@@ -344,7 +353,13 @@ def probe(
             envvar="CHATGATE_KEY", help="A key, sent as `Authorization: Bearer` (env CHATGATE_KEY)."
         ),
     ] = None,
-    dialect: Annotated[str, typer.Option(help="The dialect the server speaks: openai.")] = "openai",
+    dialect: Annotated[
+        str | None,
+        typer.Option(
+            help="The dialect the server speaks: openai | azure | aleph_alpha | lmi | ovms (default: "
+            "the one the endpoint serves at /openapi.json, else openai)."
+        ),
+    ] = None,
     timeout: Annotated[float, typer.Option(min=0.1, help="Seconds for each probe request's answer.")] = 30.0,
     header: Annotated[
         list[str] | None, typer.Option(help="Another header for every request, 'Name: value' (repeat).")
@@ -352,20 +367,22 @@ def probe(
     json_output: Annotated[bool, typer.Option("--json", help="The findings as one JSON object.")] = False,
 ) -> None:
     """Find out which features a server honours (n, logprobs, tools, response_format, stop, seed,
-    max_tokens, stream [DONE] and usage, its error shape, auth), with a few cheap requests. Each
-    ends honoured, ignored, refused or broken. Exits 0 when the probes ran, 2 when they cannot."""
+    max_tokens, stream [DONE] and usage, its error shape, auth), with a few cheap requests in its
+    dialect's shape. Each ends honoured, ignored, refused or broken; a feature the dialect does
+    not have is not probed. Exits 0 when the probes ran, 2 when they cannot."""
     import asyncio
 
     from gateway.probes.findings import ProbeUnavailable
     from gateway.probes.runner import Target
     from gateway.probes.runner import probe as run
     from gateway.probes.sets import PROBE_SETS
+    from gateway.tools.conformance_target import dialect_of
 
-    probes = PROBE_SETS.get(dialect)
-    if probes is None:
-        fail(f"probe: --dialect {dialect!r}: probes are written for {', '.join(PROBE_SETS)}")
     if (problem := url_problem(url)) is not None:
         fail(f"probe: {url!r} is not a URL to probe: {problem}")
+    probes = PROBE_SETS.get(dialect or dialect_of(url))
+    if probes is None:
+        fail(f"probe: --dialect {dialect!r}: one of {', '.join(PROBE_SETS)}")
     headers = {}
     for item in header or []:
         name, colon, value = item.partition(":")

@@ -5,7 +5,10 @@ without [DONE] and without a usage chunk, and answers errors as {"detail": ...} 
 shape, not OpenAI's). With `key`, every request must carry it as a Bearer token (else a 401, or
 `unauthorized_status`).
 
-It echoes the last user message, so what it honours is plain to see."""
+It echoes the last user message, so what it honours is plain to see. It answers every
+dialect's chat path (`url_of(dialect)` is that dialect's base URL) the same OpenAI way: so, in
+LMI's place, a stream framed as SSE where LMI's are JSON lines, and everywhere errors in none
+of the dialects' shapes."""
 
 from __future__ import annotations
 
@@ -24,6 +27,15 @@ from starlette.routing import Route
 
 from tests.servers import free_port
 
+# dialect → (its base path, its chat path below it): where the stand-in answers as that dialect
+DIALECT_PATHS = {
+    "openai": ("/v1", "/chat/completions"),
+    "azure": ("/azure", "/chat/completions"),
+    "aleph_alpha": ("/aleph-alpha", "/chat/completions"),
+    "lmi": ("/lmi", "/v1/chat/completions"),
+    "ovms": ("/v3", "/chat/completions"),
+}
+
 
 class DeviatingUpstream:
     def __init__(
@@ -37,7 +49,12 @@ class DeviatingUpstream:
         self.header_names: set[str] = set()  # of every chat request
 
     def app(self) -> Starlette:
-        return Starlette(routes=[Route("/v1/chat/completions", self.chat, methods=["POST"])])
+        paths = [base + chat for base, chat in DIALECT_PATHS.values()]
+        return Starlette(routes=[Route(path, self.chat, methods=["POST"]) for path in paths])
+
+    def url_of(self, dialect: str) -> str:
+        """The base URL the stand-in answers `dialect` at (`url` is OpenAI's)."""
+        return self.url.removesuffix("/v1") + DIALECT_PATHS[dialect][0]
 
     async def chat(self, request: Request) -> Response:
         self.header_names.update(request.headers.keys())

@@ -4,7 +4,9 @@ against the vendors' own documents are skipped when there are none (tests/confte
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -14,6 +16,7 @@ import pytest
 import yaml
 
 from gateway.policy.auth import new_key
+from gateway.probes.sets import PROBE_SETS
 from gateway.tools.conformance import Report, render
 from gateway.tools.vendor_specs import VENDOR_DOCUMENTS
 from tests.broken_endpoint import broken_endpoint
@@ -144,18 +147,33 @@ def test_undefined_fields_mode_finds_no_server_error(chatgate: str, dialect: str
     assert cases and cases == [line for line in again.stdout.splitlines() if " cases " in line]
 
 
-@pytest.mark.parametrize("dialect, mount", [("openai", "/v1"), ("azure", "/azure"), ("ovms", "/v3")])
+ALL_MOUNTS = {"openai": "/v1", "azure": "/azure", "aleph_alpha": "/aleph-alpha", "lmi": "/lmi", "ovms": "/v3"}
+
+
+@pytest.mark.parametrize("dialect", list(ALL_MOUNTS))
 def test_the_readme_command_against_the_default_open_gateway_is_conformant(
-    gateway_url: str, refspecs_dir: Path | None, dialect: str, mount: str
+    gateway_url: str, refspecs_dir: Path | None, dialect: str, tmp_path: Path
 ):
     """No keys configured: the served document declares no security, so ignored_auth has nothing
-    to hold the gateway to, and no key is needed."""
+    to hold the gateway to, and no key is needed. No --dialect: the served document says which,
+    and the dialect's own probes run (every feature it has honoured, the others named)."""
+    report = tmp_path / "report.json"
     result = conformance(
-        gateway_url + mount, "--dialect", dialect, "--max-examples", "5", *with_refspecs(refspecs_dir)
-    )
+        gateway_url + ALL_MOUNTS[dialect], "--model", "echo", "--max-examples", "3",
+        "--report", str(report), *with_refspecs(refspecs_dir),
+    )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     assert "result: conformant" in result.stdout
+    assert f"chatgate conformance: {dialect} dialect at" in result.stdout
     assert "auth: none declared by the endpoint's own document" in result.stdout
+    found = json.loads(report.read_text())
+    absent = PROBE_SETS[dialect].absent
+    assert found["features"] == {
+        p.feature: "open" if p.feature == "auth" else "honoured" for p in PROBE_SETS[dialect].probes
+    }
+    assert found["not_probed"] == absent
+    for feature in absent:
+        assert re.search(rf"^  {feature} +n/a +not probed: ", result.stdout, re.MULTILINE), result.stdout
 
 
 def test_a_gateway_with_keys_but_no_key_given_is_not_read_as_conformant(

@@ -95,3 +95,25 @@ def test_litellm_asks_for_a_key_which_never_shows_and_breaks_on_bad_messages(tmp
     assert report["features"]["n"] == "honoured" and report["features"]["tools"] == "ignored"
     assert LITELLM_KEY not in result.stdout + result.stderr + json.dumps(report)
     no_false_alarms(result, report)
+
+
+def test_the_same_seed_gives_the_same_findings_against_a_real_model(tmp_path: Path):
+    """llama.cpp's server on the tiny model answers the same request the same (greedy, or with
+    a seed): two runs with one --seed and one case budget (no time budget to cut them anywhere)
+    find the same. The fuzzing and stateful phases are the random ones; the others are fixed."""
+    runs = []
+    with model_server("llama.cpp", tmp_path) as server:
+        for run in ("first", "second"):
+            report = tmp_path / f"{run}.json"
+            result = conformance(
+                server.base_url, "--model", server.model, "--report", str(report), "--timeout", "20",
+                "--seed", "7", "--max-examples", "20", "--phases", "fuzzing,stateful",
+            )  # fmt: skip
+            assert result.returncode == 1, result.stdout + result.stderr
+            runs.append(json.loads(report.read_text()))
+    first, second = runs
+    assert first["cases"] == second["cases"] > 0
+    assert first["features"] == second["features"]
+    assert first["feature_details"] == second["feature_details"]  # the very same answers
+    found = [[(f["check"], f["operation"], f["count"], f["status"]) for f in run["findings"]] for run in runs]
+    assert found[0] == found[1] and found[0]

@@ -148,6 +148,8 @@ def test_chatgates_echo_gateway_honours_every_feature_and_flags_nothing(echo: Ru
         (("--against", "nobody"), "--against 'nobody': one of seed, vendor"),
         (("--against", "vendor", "--dialect", "lmi"), "--against vendor needs the vendor's document"),
         (("--header", "no colon"), "is not 'Name: value'"),
+        (("--phases", "coverage,nope"), "--phases 'coverage,nope': some of examples,coverage"),
+        (("--dialect", "klingon"), "unknown dialect 'klingon'"),
     ],
 )
 def test_a_run_that_cannot_be_made_is_exit_2_saying_why(gateway_url: str, args: tuple[str, ...], said: str):

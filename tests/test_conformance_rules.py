@@ -49,3 +49,25 @@ def test_the_aleph_alpha_message_order_still_shapes_positive_bodies():
     body = {"model": "m", "messages": [{"role": "assistant", "content": "x"}, *MESSAGES]}
     mapped = shape_cases("aleph_alpha", load_document("aleph_alpha.yaml"))(None, case(body))
     assert [m["role"] for m in mapped.body["messages"]] == ["user"]
+
+
+def negative(body: dict[str, Any]) -> Any:
+    made = case(body)
+    made.meta.generation.mode = NEGATIVE
+    return made
+
+
+@pytest.mark.parametrize(
+    ("dialect", "made", "seed"),
+    [
+        ("openai", case({"model": "m", "messages": MESSAGES}), 7),  # asks for the run's
+        ("ovms", case({"model": "m", "messages": MESSAGES}), 7),
+        ("openai", case({"model": "m", "messages": MESSAGES, "seed": 3}), 3),  # keeps its own
+        ("openai", negative({"model": "m", "messages": MESSAGES}), None),  # left as generated
+        ("aleph_alpha", case({"model": "m", "messages": MESSAGES}), None),  # its seed is ignored
+    ],
+)
+def test_with_a_run_seed_a_positive_chat_request_asks_for_it(dialect: str, made: Any, seed: int | None):
+    """--seed: a server that honours `seed` answers a repeated run the same."""
+    mapped = shape_cases(dialect, load_document(f"{dialect}.yaml"), seed=7 + 2**32)(None, made)
+    assert mapped.body.get("seed") == seed

@@ -20,6 +20,7 @@ import yaml
 from typer.testing import CliRunner
 
 from gateway.cli import cli
+from gateway.probes.sets import PROBE_SETS
 from tests.deviating_upstream import running_deviating_upstream
 from tests.gateway_process import gateway_process
 from tests.servers import ROOT, free_port
@@ -85,6 +86,41 @@ def test_echo_behind_a_running_gateway_honours_everything(gateway_url: str):
     assert report["model"] == "echo" and report["dialect"] == "openai"
 
 
+MOUNTS = {"openai": "/v1", "azure": "/azure", "aleph_alpha": "/aleph-alpha", "lmi": "/lmi", "ovms": "/v3"}
+
+
+@pytest.mark.parametrize("dialect", list(MOUNTS))
+def test_echo_honours_every_feature_of_every_dialect_probed_in_its_own_shape(gateway_url: str, dialect: str):
+    """No --dialect: the mount's served document says which; a feature the dialect does not have
+    is not probed, and said so."""
+    run = probe_process(f"{gateway_url}{MOUNTS[dialect]}", "--model", "echo", "--json")
+    assert run.returncode == 0, run.stderr
+    report = json.loads(run.stdout)
+    assert report["dialect"] == dialect
+    absent = PROBE_SETS[dialect].absent
+    assert verdicts(report) == {f: v for f, v in ECHO_VERDICTS.items() if f not in absent}
+    assert report["not_probed"] == absent and (dialect == "openai") == (not absent)  # OpenAI has all
+
+
+# what the stand-in does in each dialect's place, beyond what it does in OpenAI's
+DIALECT_DEVIATIONS: dict[str, dict[str, str]] = {
+    "lmi": {"stream_done": "broken"},  # its stream is SSE, not LMI's JSON lines
+}
+
+
+@pytest.mark.parametrize("dialect", list(MOUNTS))
+def test_a_deviating_server_is_found_out_in_every_dialect(dialect: str):
+    with running_deviating_upstream() as upstream:
+        run = probe_process(upstream.url_of(dialect), "--model", "m", "--dialect", dialect, "--json")
+    assert run.returncode == 0, run.stderr
+    report = json.loads(run.stdout)
+    absent = PROBE_SETS[dialect].absent
+    expected = {f: v for f, v in DEVIATING_VERDICTS.items() if f not in absent}
+    assert verdicts(report) == expected | DIALECT_DEVIATIONS.get(dialect, {})
+    assert "detail" in report["findings"]["error_shape"]["detail"]  # {"detail": ...}: no dialect's
+    assert report["not_probed"] == absent
+
+
 def test_a_deviating_server_is_classified_feature_by_feature():
     with running_deviating_upstream() as upstream:
         run = probe_process(upstream.url, "--model", "m", "--json")
@@ -121,7 +157,7 @@ def test_a_key_is_sent_and_a_server_that_asks_for_one_is_reported():
 @pytest.mark.parametrize(
     ("args", "said"),
     [
-        (["--dialect", "azure"], "probes are written for openai"),
+        (["--dialect", "klingon"], "one of openai, azure, aleph_alpha, lmi, ovms"),
         (["--header", "no colon"], "is not 'Name: value'"),
         (["--timeout", "0"], "--timeout"),
     ],

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 import pytest
 
 from backends.openai_compatible import CAPABILITIES
@@ -12,9 +13,11 @@ from gateway.core.canonical import ChatRequest
 from gateway.core.errors import UnprocessableContent
 from gateway.policy.capabilities import check
 from gateway.probes.findings import Finding
+from gateway.probes.judges import JSON_LINES
 from gateway.probes.narrowing import narrowed, not_honoured
 from gateway.probes.openai import OPENAI
 from gateway.probes.probe_set import Answer
+from gateway.probes.sets import PROBE_SETS
 
 PROBES = {probe.feature: probe for probe in OPENAI.probes}
 
@@ -113,3 +116,75 @@ def test_only_evidence_narrows():
     ]
     assert not_honoured(findings) == set()
     assert narrowed(CAPABILITIES, set()) == CAPABILITIES
+
+
+# ----- the other dialects: each judged in its own error shape and stream framing --------------
+
+AZURE_ERROR = {"error": "Bad request", "message": "messages: not a list", "status": 400}
+ALEPH_ALPHA_ERROR = {"error": "messages: not a list", "code": "BAD_REQUEST"}
+LMI_ERROR = {"code": 400, "type": "BadRequestException", "message": "messages: not a list"}
+OVMS_ERROR = {"error": "messages: not a list"}
+OPENAI_ERROR = {"error": {"message": "messages: not a list"}}
+FASTAPI_ERROR = {"detail": "messages: not a list"}
+ERROR_SHAPES = {
+    "openai": OPENAI_ERROR,
+    "azure": AZURE_ERROR,
+    "aleph_alpha": ALEPH_ALPHA_ERROR,
+    "lmi": LMI_ERROR,
+    "ovms": OVMS_ERROR,
+}
+
+
+def dialect_judged(dialect: str, feature: str, *answers: Answer) -> tuple[str, str]:
+    probes = PROBE_SETS[dialect]
+    probe = next(p for p in probes.probes if p.feature == feature)
+    gated = None if probe.any_status else next(filter(None, map(probes.gate, answers)), None)
+    return gated or probe.judge(list(answers))
+
+
+@pytest.mark.parametrize("dialect", list(ERROR_SHAPES))
+def test_an_error_is_honoured_only_in_its_own_dialects_shape(dialect: str):
+    for other, body in [*ERROR_SHAPES.items(), ("fastapi", FASTAPI_ERROR)]:
+        verdict, detail = dialect_judged(dialect, "error_shape", Answer(400, body, orjson.dumps(body)))
+        # Azure's flat body is also OVMS's shape ({"error": str}), a superset of it
+        expected = other == dialect or (dialect == "ovms" and other in ("azure", "aleph_alpha"))
+        assert verdict == ("honoured" if expected else "broken"), (other, detail)
+
+
+def lmi_stream(*lines: dict[str, Any], media_type: str = JSON_LINES) -> Answer:
+    return Answer(200, streamed=True, chunks=lines, media_type=media_type)
+
+
+LINE = {"choices": [{"index": 0, "delta": {"content": "one"}, "finish_reason": None}]}
+LAST = {"choices": [{"index": 0, "delta": {"content": " two"}, "finish_reason": "length"}]}
+LMI_STREAMS = [
+    (lmi_stream(LINE, LAST), "honoured"),
+    (lmi_stream(LINE), "ignored"),  # cut: no line says it ended
+    (lmi_stream(LINE, LAST, media_type="text/event-stream"), "broken"),  # SSE, not JSON lines
+    (completion(), "broken"),  # one JSON body
+]
+
+
+@pytest.mark.parametrize(("answer", "verdict"), LMI_STREAMS)
+def test_an_lmi_stream_ends_with_its_finish_reason_on_a_json_line(answer: Answer, verdict: str):
+    assert dialect_judged("lmi", "stream_done", answer)[0] == verdict
+
+
+def test_ovms_logprobs_need_no_top_logprobs():
+    token = {"token": "hi", "logprob": -0.1, "top_logprobs": []}
+    assert dialect_judged("ovms", "logprobs", completion(logprobs={"content": [token]}))[0] == "honoured"
+    assert dialect_judged("ovms", "logprobs", completion(logprobs=None))[0] == "ignored"
+    assert dialect_judged("openai", "logprobs", completion(logprobs={"content": [token]}))[0] == "ignored"
+
+
+@pytest.mark.parametrize("dialect", list(PROBE_SETS))
+def test_every_dialect_probes_or_names_each_feature_once(dialect: str):
+    probes = PROBE_SETS[dialect]
+    probed = [p.feature for p in probes.probes]
+    assert len(probed) == len(set(probed)) and not set(probed) & set(probes.absent)
+    assert set(probed) | set(probes.absent) == set(PROBES)  # OpenAI's are the whole list
+    # every request of the set stays greedy but where sampling is the point (n, seed)
+    for probe in probes.probes:
+        for body in probe.bodies:
+            if probe.feature not in ("n", "seed", "error_shape"):
+                assert body.get("temperature") == 0, (dialect, probe.feature)

@@ -3,7 +3,8 @@ assuming it. `chatgate probe` runs them against any URL; a deployment with `prob
 them against its replicas at start and on reload, and narrows its capabilities by the result.
 
 - `findings`: the verdicts (honoured, ignored, refused, broken) and a run's report;
-- `dialects`: each dialect's probe set (the requests and how their answers are judged);
+- `openai`, `azure`, `aleph_alpha`, `lmi`, `ovms`: each dialect's probe set (its requests, error
+  shape and stream framing; the features it lacks), named in `sets`; `judges`: what they share;
 - `runner`: sends a probe set to one URL;
 - `narrowing`: findings → the deployment's capabilities, less what the upstream does not honour;
 - `deployments`: the background probing of the deployments that ask for it.

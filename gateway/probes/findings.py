@@ -29,6 +29,7 @@ class ProbeReport:
     model: str
     dialect: str
     findings: list[Finding] = field(default_factory=list)
+    not_probed: dict[str, str] = field(default_factory=dict)  # features the dialect lacks: why
 
     def verdicts(self) -> dict[str, Verdict]:
         return {f.feature: f.verdict for f in self.findings}
@@ -39,13 +40,17 @@ class ProbeReport:
             "model": self.model,
             "dialect": self.dialect,
             "findings": {f.feature: f.as_json() for f in self.findings},
+            "not_probed": self.not_probed,
         }
 
     def render(self) -> str:
         """A table for people: feature, verdict, what was seen."""
-        width = max((len(f.feature) for f in self.findings), default=0)
+        width = max((len(name) for name in [*self.verdicts(), *self.not_probed]), default=0)
         lines = [f"{self.url} (model {self.model}, dialect {self.dialect})"]
         lines += [f"  {f.feature:<{width}}  {f.verdict:<8}  {f.detail}" for f in self.findings]
+        lines += [
+            f"  {name:<{width}}  {'n/a':<8}  not probed: {why}" for name, why in self.not_probed.items()
+        ]
         return "\n".join(lines)
 
 

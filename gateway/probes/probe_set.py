@@ -1,10 +1,11 @@
 """The shape of a dialect's probe set: requests, and how each answer is judged. A dialect adds
-its probes by writing a `ProbeSet` (see `openai.py`) and naming it in `sets.PROBE_SETS`."""
+its probes by writing a `ProbeSet` (see `openai.py`, `azure.py`, …) and naming it in
+`sets.PROBE_SETS`; the features its document does not have are named in `absent`, with why."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.probes.findings import Verdict
@@ -23,6 +24,7 @@ class Answer:
     chunks: tuple[Any, ...] = ()  # a stream's chunks, parsed
     done: bool = False  # the stream ended with its end marker ([DONE])
     failure: str = ""
+    media_type: str = ""  # a stream's Content-Type, without parameters
 
 
 Judge = Callable[[list[Answer]], Judgement]
@@ -48,6 +50,7 @@ class ProbeSet:
     plain: dict[str, Any]  # a request every server answers: when it fails, nothing can be probed
     probes: tuple[Probe, ...]
     error_message: Callable[[bytes], str]  # an error body's words, for a refusal's detail
+    absent: Mapping[str, str] = field(default_factory=dict)  # feature → why it is not probed
 
     def gate(self, answer: Answer) -> Judgement | None:
         """The verdict of an answer that is not a usable 2xx; None for one the judge reads."""

@@ -1,6 +1,6 @@
 """Sends a dialect's probe set to one URL and judges the answers: a plain request first (when
-it fails, nothing else can be told, and `ProbeUnavailable` says why), then every probe, a few
-at a time, each request bounded by the target's timeout."""
+it fails, nothing else can be told, and `ProbeUnavailable` says why), then every probe, one
+request at a time and in order, each bounded by the target's timeout."""
 
 from __future__ import annotations
 
@@ -15,10 +15,13 @@ import orjson
 from backends.stream_decoders import decoder_for
 from backends.upstream_client import Limits, UpstreamClient, UpstreamError
 from gateway.probes.findings import Finding, ProbeReport, ProbeUnavailable
-from gateway.probes.probe_set import Answer, Probe, ProbeSet
+from gateway.probes.probe_set import Answer, ProbeSet
 
 KEY_HEADERS = frozenset({"authorization", "api-key", "x-api-key"})
-AT_ONCE = 4  # probe requests in flight together
+# Probe requests go one at a time, in order: a server's answer may depend on what else it is
+# doing (llama-cpp-python's server cuts a stream short when another request comes in), and the
+# verdicts must be the same on every run.
+AT_ONCE = 1  # the connections a probe run holds
 MAX_ANSWER_BYTES = 4 * 1024 * 1024
 HEADERS = {"content-type": "application/json", "accept-encoding": "identity", "user-agent": "chatgate-probe"}
 
@@ -45,24 +48,20 @@ async def probe(target: Target, probes: ProbeSet) -> ProbeReport:
         if (failed := probes.gate(plain)) is not None:
             where = f"{target.base_url}{probes.path}"
             raise ProbeUnavailable(f"a plain request to {where} failed: {failed[1]}", plain.status)
-        slots = asyncio.Semaphore(AT_ONCE)
-
-        async def judged(one: Probe) -> Finding:
-            answers = []
-            for body in one.bodies:
-                async with slots:
-                    sent = keyless if one.keyless else keyed
-                    request = {"model": target.model, **body}
-                    answers.append(await ask(sent, probes.path, request, target.timeout))
+        findings = []
+        for one in probes.probes:  # one request at a time, in order (AT_ONCE)
+            sent = keyless if one.keyless else keyed
+            answers = [
+                await ask(sent, probes.path, {"model": target.model, **body}, target.timeout)
+                for body in one.bodies
+            ]
             gated = None if one.any_status else next(filter(None, map(probes.gate, answers)), None)
             verdict, detail = gated or one.judge(answers)
-            return Finding(one.feature, verdict, detail)
-
-        findings = await asyncio.gather(*(judged(one) for one in probes.probes))
+            findings.append(Finding(one.feature, verdict, detail))
     finally:
         await keyed.aclose()
         await keyless.aclose()
-    return ProbeReport(target.base_url, target.model, probes.dialect, list(findings))
+    return ProbeReport(target.base_url, target.model, probes.dialect, list(findings), dict(probes.absent))
 
 
 def client(target: Target, headers: Mapping[str, str]) -> UpstreamClient:
@@ -99,7 +98,9 @@ async def ask(upstream: UpstreamClient, path: str, body: dict[str, Any], timeout
             while piece := await answer.read_some():
                 chunks += [parsed(payload) for payload in decoder.feed(piece)]
             chunks += [parsed(payload) for payload in decoder.close()]
-            return Answer(status, streamed=True, chunks=tuple(chunks), done=decoder.done)
+            return Answer(
+                status, streamed=True, chunks=tuple(chunks), done=decoder.done, media_type=answer.media_type
+            )
     except TimeoutError:
         return Answer(failure=f"no answer within {timeout:g} s")
     except UpstreamError as error:

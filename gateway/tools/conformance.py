@@ -7,7 +7,11 @@ are governed by the gateway's extra-parameters policy (OpenAI and Azure themselv
 by default), so by default generated bodies carry only the parameters the document defines.
 `--extra-fields pass-through` (or `drop`) keeps the undefined properties schemathesis generates
 and sends them with that policy, to see how the endpoint treats what it does not define (any
-type, any depth); `--seed` makes a run repeatable.
+type, any depth).
+
+`--seed N` makes a run repeatable: the same cases in the same order (no example database
+replaying an earlier run's failures), and every positive chat request that names no `seed` asks
+for N, so a server that honours `seed` answers the same twice (the probes ask for greedy output).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from gateway.tools.conformance_target import (
     asks_for_key,
     chat_path,
     declares_security,
+    dialect_of,
     features_of,
     listed_model,
     served_document,
@@ -81,11 +86,15 @@ def vendor_spec_conformance(ctx: Any, response: Any, case: Any) -> bool | None:
     return True
 
 
-def name_the_model(case: Any, model: str) -> None:
-    """A positive case names `model` (in its body, or its path), the model the server serves."""
+def positive(case: Any) -> bool:
     from schemathesis.generation import GenerationMode
 
-    if case.meta is not None and case.meta.generation.mode != GenerationMode.POSITIVE:
+    return case.meta is None or case.meta.generation.mode == GenerationMode.POSITIVE
+
+
+def name_the_model(case: Any, model: str) -> None:
+    """A positive case names `model` (in its body, or its path), the model the server serves."""
+    if not positive(case):
         return
     if "model" in (case.path_parameters or {}):
         case.path_parameters = {**case.path_parameters, "model": model}
@@ -93,12 +102,27 @@ def name_the_model(case: Any, model: str) -> None:
         case.body["model"] = model
 
 
+SEED_RANGE = 2**32  # every dialect's `seed` takes 0 … 2**32 - 1 (OVMS's is the narrowest)
+
+
+def ask_for_the_seed(case: Any, seed: int) -> None:
+    """A positive chat request that names no `seed` asks for the run's: a server that honours it
+    then answers a repeated run the same (a sampled answer differs from run to run otherwise)."""
+    if positive(case) and isinstance(case.body, dict) and "messages" in case.body:
+        case.body.setdefault("seed", seed % SEED_RANGE)
+
+
 def the_runs_model(context: Any, case: Any, kwargs: dict[str, Any]) -> None:
     """A `before_call` hook: every phase's cases (examples and coverage too, which `map_case`
-    does not see) name the run's --model, read off the document as the vendor check reads it."""
+    does not see) name the run's --model and ask for its --seed, read off the document as the
+    vendor check reads it."""
     settings = case.operation.schema.raw_schema.get(RUN_EXTENSION) or {}
     if settings.get("model"):
         name_the_model(case, settings["model"])
+    if settings.get("seed") is not None and (case.operation.method.upper(), case.operation.path) in {
+        tuple(operation) for operation in settings.get("seeded", [])
+    }:
+        ask_for_the_seed(case, settings["seed"])
 
 
 _registered: list[bool] = []
@@ -122,14 +146,28 @@ def register_checks() -> None:
 
 def defined_body_fields(document: dict[str, Any]) -> dict[tuple[str, str], frozenset[str]]:
     """(METHOD, path) → the top-level properties its JSON request body defines."""
+    return {operation: frozenset(fields) for operation, fields in body_properties(document).items()}
+
+
+def body_properties(document: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
+    """(METHOD, path) → the top-level properties of its JSON request body, with their schemas."""
     spec = DialectSpec(document, frozenset())
     fields = {}
     for path, item in document.get("paths", {}).items():
         for method, operation in item.items():
             if isinstance(operation, dict) and "requestBody" in operation:
                 schema = spec.request_schema(operation["operationId"])
-                fields[(method.upper(), path)] = frozenset(spec.properties(schema))
+                fields[(method.upper(), path)] = dict(spec.properties(schema))
     return fields
+
+
+def seeded_operations(document: dict[str, Any]) -> list[tuple[str, str]]:
+    """The operations whose body takes an integer `seed` (not one a dialect accepts and ignores)."""
+    return [
+        operation
+        for operation, properties in body_properties(document).items()
+        if isinstance(properties.get("seed"), dict) and properties["seed"].get("type") == "integer"
+    ]
 
 
 # A rule a dialect's document states in prose that no schema can say, and that generated
@@ -177,22 +215,26 @@ EXTRA_FIELDS = ("strip", "pass-through", "drop")
 
 
 def shape_cases(
-    dialect: str, document: dict[str, Any], extra_fields: str = "strip", model: str | None = None
+    dialect: str,
+    document: dict[str, Any],
+    extra_fields: str = "strip",
+    model: str | None = None,
+    seed: int | None = None,
 ) -> Callable[[Any, Any], Any]:
     """A schemathesis `map_case` hook: bodies carry only the parameters the document defines (the
     rest is the extra-parameters policy's business) unless `extra_fields` keeps them; positive
     bodies follow the message order the document states in prose, and those that break one of
     its `x-chatgate-rules` are judged as the negative cases they are. With `model`, every
-    positive case names that model (a server that serves only its own answers nothing else)."""
-    from schemathesis.generation import GenerationMode
-
+    positive case names that model (a server that serves only its own answers nothing else);
+    with `seed`, every positive chat request that names no seed asks for it."""
     fields = defined_body_fields(document)
+    seeded = frozenset(seeded_operations(document))
     shaping = DOCUMENTED_RULES.get(dialect)
     chat = frozenset(DIALECTS[dialect].chat_operations) if dialect in DIALECTS else frozenset()
     rules = DialectSpec(document, chat).rules
 
     def map_case(context: Any, case: Any) -> Any:
-        positive = case.meta is None or case.meta.generation.mode == GenerationMode.POSITIVE
+        is_positive = positive(case)
         defined = fields.get((case.operation.method.upper(), case.operation.path))
         if not defined or not isinstance(case.body, dict):
             return case
@@ -202,10 +244,12 @@ def shape_cases(
             case.headers = {**(case.headers or {}), "extra-parameters": extra_fields}
         if model is not None and "model" in defined:
             name_the_model(case, model)
-        if shaping is not None and positive:
+        if shaping is not None and is_positive:
             case.body = shaping(case.body)
-        if positive:
+        if is_positive:
             judged_by_the_rules(case, rules)
+        if seed is not None and (case.operation.method.upper(), case.operation.path) in seeded:
+            ask_for_the_seed(case, seed)
         return case
 
     return map_case
@@ -234,6 +278,8 @@ def load_schema(
         "refspecs": str(refspecs) if refspecs is not None and vendor is not None else None,
         "vendor_file": vendor.file if vendor is not None else None,
         "model": model,
+        "seed": seed,
+        "seeded": seeded_operations(document),
     }
     config = SchemathesisConfig()
     # Keys stay hidden in the report, but `max_tokens` and friends are not secrets.
@@ -246,6 +292,7 @@ def load_schema(
     schema.config.update(continue_on_failure=True, request_timeout=budget.timeout)
     if budget.max_time is not None:
         schema.config.max_time = max(1, round(budget.max_time))
+    schema.config.phases.update(phases=list(budget.phases))
     schema.config.checks.update(
         included_check_names=["all"], excluded_check_names=list(excluded_checks) or None
     )
@@ -255,27 +302,32 @@ def load_schema(
     acceptance.expected_statuses = [*acceptance.expected_statuses, "422"]
     if seed is None:
         schema.config.generation.update(max_examples=max_examples, deterministic=True)
-    else:
-        schema.config.generation.update(max_examples=max_examples)
+    else:  # no example database: a run replays none of an earlier run's failures
+        schema.config.generation.update(max_examples=max_examples, database="none")
         schema.config.seed = seed
-    schema.hook("map_case")(shape_cases(dialect, document, extra_fields, model))
+    schema.hook("map_case")(shape_cases(dialect, document, extra_fields, model, seed))
     return schema
 
 
 AGAINST = ("seed", "vendor")
 
 
+PHASES = ("examples", "coverage", "fuzzing", "stateful")  # schemathesis', in the order they run
+
+
 @dataclass(frozen=True)
 class Budget:
-    """How much a run may try: seconds per request, and for the fuzzing as a whole."""
+    """How much a run may try: seconds per request and for the fuzzing as a whole, and which of
+    schemathesis' phases run."""
 
     timeout: float = 30.0
     max_time: float | None = None
+    phases: tuple[str, ...] = PHASES
 
 
 def run(
     url: str,
-    dialect: str = "openai",
+    dialect: str | None = None,
     max_examples: int = 20,
     key: str | None = None,
     headers: dict[str, str] | None = None,
@@ -291,19 +343,25 @@ def run(
     """The feature probes, then every schemathesis check and the vendor check against `url`, the
     base of the dialect's API (where its paths begin: chatgate's /v1, /azure, /aleph-alpha,
     /lmi or /v3). `against`: the seed's contract (and the vendor's document where found), or
-    the vendor's document alone judging the answers."""
+    the vendor's document alone judging the answers. `dialect`: the one whose document the
+    endpoint serves when not given (chatgate serves each mount's), else OpenAI's."""
     try:
         from schemathesis.engine import Status, events, from_schema
     except ImportError as error:
         raise ConformanceUnavailable(MISSING) from error
     started = time.monotonic()
     budget = budget or Budget()
+    if dialect is None:
+        reachable(url)
+        dialect = dialect_of(url)
     if dialect not in SPEC_FILES:
         raise ConformanceUnavailable(f"unknown dialect {dialect!r}; one of: {', '.join(SPEC_FILES)}")
     if extra_fields not in EXTRA_FIELDS:
         raise ConformanceUnavailable(f"--extra-fields {extra_fields!r}: one of {', '.join(EXTRA_FIELDS)}")
     if against not in AGAINST:
         raise ConformanceUnavailable(f"--against {against!r}: one of {', '.join(AGAINST)}")
+    if not budget.phases or not set(budget.phases) <= set(PHASES):
+        raise ConformanceUnavailable(f"--phases {','.join(budget.phases)!r}: some of {','.join(PHASES)}")
     reachable(url)
     register_checks()
     vendors = None
@@ -351,7 +409,7 @@ def run(
     say = progress or (lambda line: None)
     report.features_note = "not probed (--no-probes)"
     if probe_features:
-        report.model = model or listed_model(url, request_headers, budget.timeout)
+        report.model = model or listed_model(url, request_headers, budget.timeout, dialect)
         say(f"  probing the features (model {report.model})")
         try:
             report.features, report.features_note = features_of(

@@ -20,6 +20,7 @@ CURL_BYTES = 1024
 # Reported, not failed, when a key is asked for or the server is open (the deployment's choice).
 REPORTED_ONLY = frozenset({"auth"})
 AUTH_SHOWN = {"honoured": "key asked", "ignored": "open"}
+NOT_PROBED = "n/a"  # the verdict of a feature the dialect does not have: not probed
 
 
 @dataclass
@@ -59,8 +60,12 @@ class OperationResult:
 @dataclass
 class Feature:
     name: str
-    verdict: str  # honoured | ignored | refused | broken
+    verdict: str  # honoured | ignored | refused | broken, or n/a: not in the dialect, not probed
     detail: str = ""
+
+    @property
+    def probed(self) -> bool:
+        return self.verdict != NOT_PROBED
 
     @property
     def shown(self) -> str:
@@ -70,6 +75,8 @@ class Feature:
     @property
     def failed(self) -> bool:
         """Not honoured; for auth, only no usable answer (a 500 where a 401 belongs)."""
+        if not self.probed:
+            return False
         if self.name in REPORTED_ONLY:
             return self.verdict not in AUTH_SHOWN
         return self.verdict != "honoured"
@@ -136,8 +143,9 @@ class Report:
             "conformant": self.clean,
             "seconds": round(self.seconds, 1),
             "cases": self.cases,
-            "features": {f.name: f.shown for f in self.features},
-            "feature_details": {f.name: f.detail for f in self.features},
+            "features": {f.name: f.shown for f in self.features if f.probed},
+            "feature_details": {f.name: f.detail for f in self.features if f.probed},
+            "not_probed": {f.name: f.detail for f in self.features if not f.probed},
             "findings": [f.as_json() for f in self.findings],
             "operations": {
                 op.label: {"cases": op.cases, "errors": op.errors} for op in self.operations.values()
@@ -188,7 +196,8 @@ def render(report: Report, vendor: str) -> str:
     ]
     width = max((len(f.name) for f in report.features), default=0)
     for feature in report.features:
-        lines.append(f"  {feature.name:<{width}}  {feature.shown:<9}  {printable(feature.detail, 160)}")
+        seen = feature.detail if feature.probed else f"not probed: {feature.detail}"
+        lines.append(f"  {feature.name:<{width}}  {feature.shown:<9}  {printable(seen, 160)}")
     lines += ["", "operations:"]
     width = max((len(label) for label in report.operations), default=10)
     for result in report.operations.values():
@@ -220,7 +229,9 @@ def junit(report: Report) -> str:
     failures = 0
     for feature in report.features:
         case = ET.SubElement(suite, "testcase", classname="features", name=feature.name)
-        if feature.failed:
+        if not feature.probed:
+            ET.SubElement(case, "skipped", message=feature.detail)
+        elif feature.failed:
             failures += 1
             ET.SubElement(
                 case, "failure", message=f"{feature.verdict}: {feature.detail}"
@@ -244,12 +255,15 @@ def junit(report: Report) -> str:
     return ET.tostring(suite, encoding="unicode", xml_declaration=True)
 
 
+def row_class(feature: Feature) -> str:
+    return "na" if not feature.probed else "bad" if feature.failed else "good"
+
+
 def html_page(report: Report) -> str:
     """A page with the feature matrix and the findings."""
     e = html.escape
     rows = "".join(
-        f'<tr class="{"bad" if f.failed else "good"}"><td>{e(f.name)}</td><td>{e(f.shown)}</td>'
-        f"<td>{e(f.detail)}</td></tr>"
+        f'<tr class="{row_class(f)}"><td>{e(f.name)}</td><td>{e(f.shown)}</td><td>{e(f.detail)}</td></tr>'
         for f in report.features
     )
     findings = "".join(

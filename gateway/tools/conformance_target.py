@@ -9,8 +9,9 @@ import copy
 from typing import Any
 
 from gateway.dialects import DIALECTS
+from gateway.spec import load_document
 from gateway.tools.conformance_examples import KEY_HEADERS
-from gateway.tools.conformance_report import Feature
+from gateway.tools.conformance_report import NOT_PROBED, Feature
 
 
 def served_document(url: str, document: dict[str, Any]) -> dict[str, Any] | None:
@@ -119,16 +120,24 @@ def asks_for_key(url: str, path: str | None, headers: dict[str, str], timeout: f
     return answer.status_code in (401, 403)
 
 
-def listed_model(url: str, headers: dict[str, str], timeout: float) -> str | None:
-    """The first model `<url>/models` lists (OpenAI's shape), when it lists one."""
+def listed_model(url: str, headers: dict[str, str], timeout: float, dialect: str = "openai") -> str | None:
+    """The model the endpoint names: the first `<url>/models` lists (OpenAI's), or the one
+    Azure's `/info` describes; None where the dialect has no such operation (name it: --model)."""
     import httpx
 
+    from gateway.probes.azure import API_VERSION
+
     try:
-        listed = httpx.get(url.rstrip("/") + "/models", headers=headers, timeout=timeout).json()
-        first = listed["data"][0]["id"]
+        if dialect == "azure":
+            query = {"api-version": API_VERSION}
+            info = httpx.get(f"{url.rstrip('/')}/info", params=query, headers=headers, timeout=timeout)
+            found = info.json()["model_name"]
+        else:
+            listed = httpx.get(url.rstrip("/") + "/models", headers=headers, timeout=timeout).json()
+            found = listed["data"][0]["id"]
     except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
         return None
-    return first if isinstance(first, str) else None
+    return found if isinstance(found, str) else None
 
 
 def features_of(
@@ -142,16 +151,33 @@ def features_of(
     from gateway.probes.runner import Target, probe
     from gateway.probes.sets import PROBE_SETS
 
-    probes = PROBE_SETS.get(dialect)
-    if probes is None:
-        return [], f"not probed: probes are written for {', '.join(PROBE_SETS)}"
+    probes = PROBE_SETS[dialect]
     if model is None:
         return [], "not probed: name the model with --model (the server lists none at /models)"
     try:
         found = asyncio.run(probe(Target(url.rstrip("/"), model, headers, timeout), probes))
     except ProbeUnavailable as error:
         raise ProbeFailed(str(error)) from None
-    return [Feature(f.feature, f.verdict, f.detail) for f in found.findings], ""
+    features = [Feature(f.feature, f.verdict, f.detail) for f in found.findings]
+    features += [Feature(name, NOT_PROBED, why) for name, why in found.not_probed.items()]
+    return features, ""
+
+
+def dialect_of(url: str) -> str:
+    """The dialect whose document the endpoint serves (`<url>/openapi.json`, as chatgate serves
+    each mount's); OpenAI's, which real upstreams speak, when it serves none of them."""
+    import httpx
+
+    try:
+        response = httpx.get(url.rstrip("/") + "/openapi.json", timeout=10)
+        served = response.json() if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return "openai"
+    title = served.get("info", {}).get("title") if isinstance(served, dict) else None
+    for name, dialect in DIALECTS.items():
+        if title is not None and load_document(dialect.document)["info"]["title"] == title:
+            return name
+    return "openai"
 
 
 class ProbeFailed(Exception):
