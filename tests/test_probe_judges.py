@@ -188,3 +188,21 @@ def test_every_dialect_probes_or_names_each_feature_once(dialect: str):
         for body in probe.bodies:
             if probe.feature not in ("n", "seed", "error_shape"):
                 assert body.get("temperature") == 0, (dialect, probe.feature)
+
+
+def test_azure_core_error_object_is_azures_shape_too():
+    """What chatgate's Azure dialect and Azure itself send (the azure-ai-inference SDK reads it)."""
+    for body in (
+        {"error": {"code": "BadRequest", "message": "messages: not a list"}},
+        {
+            "error": {"code": "BadRequest", "message": "m"},
+            "message": "m",
+            "status": 400,
+            "code": "BadRequest",
+        },
+    ):
+        verdict, detail = dialect_judged("azure", "error_shape", Answer(400, body, orjson.dumps(body)))
+        assert verdict == "honoured", detail
+    no_code = {"error": {"message": "messages: not a list"}}
+    verdict, _ = dialect_judged("azure", "error_shape", Answer(400, no_code, orjson.dumps(no_code)))
+    assert verdict == "broken"

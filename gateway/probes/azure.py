@@ -1,7 +1,9 @@
 """Azure AI Model Inference's probes: `POST /chat/completions?api-version=…` (the version is
 required). Its document has no `n` and no logprobs; a stream ends with `[DONE]` and carries the
 usage in its last chunk unasked (there is no stream_options); errors are the seed's flat bodies,
-`{"error": "Bad request", "message": ..., "status": 400}`."""
+`{"error": "Bad request", "message": ..., "status": 400}`, or Azure.Core's
+`{"error": {"code": ..., "message": ...}}`, which the azure-ai-inference SDK reads (chatgate
+sends the seed's fields with `error` as that object)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,10 @@ API_VERSION = "2024-05-01-preview"  # the SDK's (the seed's example sends 2024-0
 def azure_error(body: Any) -> bool:
     if not isinstance(body, dict):
         return False
-    return isinstance(body.get("error"), str) and isinstance(body.get("message"), str) and "status" in body
+    error = body.get("error")
+    if isinstance(error, dict):  # Azure.Core's error object
+        return isinstance(error.get("code"), str) and isinstance(error.get("message"), str)
+    return isinstance(error, str) and isinstance(body.get("message"), str) and "status" in body
 
 
 AZURE = ProbeSet(
@@ -32,7 +37,7 @@ AZURE = ProbeSet(
         j.max_tokens_probe(),
         j.stream_done_probe(),
         j.stream_usage_probe(),
-        j.error_shape_probe(azure_error, "{'error': ..., 'message': ..., 'status': ...}"),
+        j.error_shape_probe(azure_error, "{'error': {'code', 'message'}} or {'error', 'message', 'status'}"),
         j.auth_probe(),
     ),
     error_message=j.refusal_words,
