@@ -155,7 +155,7 @@ class Health(Strict):
 
 class Deployment(Strict):
     name: str = Field(min_length=1)
-    backend: str = Field(default="echo", description="echo | tgi | openai-compatible | local")
+    backend: str = Field(default="echo", description=" | ".join(BACKEND_KINDS))
     model: str | None = Field(
         default=None, description="The model name the backend serves (defaults to the name)."
     )

@@ -19,7 +19,7 @@ import pytest
 from huggingface_hub import AsyncInferenceClient
 
 from backends import echo, local_sampling, openai_compatible, tgi_errors, tgi_options, tgi_tables
-from backends.base import Param, mapped, refused, taken
+from backends.base import BACKEND_KINDS, Param, mapped, refused, taken
 from backends.openai_compatible import OpenAICompatibleBackend
 from backends.tgi import TGIBackend
 from gateway.core.canonical import ChatRequest
@@ -46,6 +46,12 @@ def dialect_parameters() -> list[tuple[str, str]]:
             if name not in spec.unsupported:  # the dialect itself drops or refuses these
                 found.append((dialect.name, name))
     return found
+
+
+def test_every_registered_backend_has_its_table_here():
+    """A backend added to the registry is held to every dialect's parameters: its table joins
+    TABLES (how it is built from the backend's options), or this fails naming it."""
+    assert set(TABLES) == set(BACKEND_KINDS)
 
 
 @pytest.mark.parametrize("backend", TABLES)

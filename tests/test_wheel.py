@@ -13,10 +13,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from gateway.dialects import DIALECTS
+from tests.dialect_routes import main_routes
 from tests.servers import AZURE_API_VERSION, CHAT_PATHS, ROOT, free_port, wait_until_healthy
 
-USER = [{"role": "user", "content": "Hello from the wheel!"}]
-DOCUMENTS = {"aleph_alpha.yaml", "azure.yaml", "lmi.yaml", "openai.yaml", "ovms.yaml"}
+DOCUMENTS = {dialect.document for dialect in DIALECTS.values()}
 
 
 @pytest.fixture(scope="module")
@@ -102,9 +103,7 @@ def test_the_installed_gateway_comes_from_the_venv(venv: Path, tmp_path: Path):
 
 @pytest.mark.parametrize("dialect", CHAT_PATHS)
 def test_every_dialect_answers_from_the_wheel(served: str, dialect: str):
-    body: dict = {"messages": USER}
-    if dialect in ("openai", "aleph_alpha", "ovms"):
-        body["model"] = "echo"
+    body = main_routes()[dialect].body("Hello from the wheel!")
     answer = httpx.post(f"{served}{CHAT_PATHS[dialect]}", json=body, timeout=30)
     assert answer.status_code == 200, answer.text
     assert "Hello from the wheel!" in answer.json()["choices"][0]["message"]["content"]

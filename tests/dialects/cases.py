@@ -44,6 +44,7 @@ from gateway.dialects import DIALECTS
 from gateway.dialects.shape import Answer, OpenAIShaped, StreamState
 from gateway.spec import load_document
 from gateway.validation import to_json_schema
+from tests.dialect_routes import main_routes
 from tests.documents import closed
 
 
@@ -56,14 +57,8 @@ def translator(dialect_name: str) -> OpenAIShaped:
 
 # ----- requests -------------------------------------------------------------------------------
 
-# each dialect's chat path in its document
-CHAT_PATHS = {
-    "openai": "/chat/completions",
-    "azure": "/chat/completions",
-    "aleph_alpha": "/chat/completions",
-    "lmi": "/v1/chat/completions",
-    "ovms": "/chat/completions",
-}
+# each dialect's chat path in its document (its first chat operation's)
+CHAT_PATHS = {name: route.doc_path for name, route in main_routes().items()}
 
 USER_MESSAGES = [{"role": "user", "content": "Hi"}]
 MINIMAL_BODY = {"messages": USER_MESSAGES}

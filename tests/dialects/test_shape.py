@@ -16,6 +16,7 @@ from gateway.core.parameters import BY_SPELLING
 from gateway.dialects import DIALECTS
 from gateway.dialects.shape import DocumentFacts, OpenAIShaped
 from gateway.framing import SSE, JSONLines
+from gateway.spec import load_document
 from tests.dialects import cases
 from tests.dialects.cases import MINIMAL_BODY, USAGE, USAGE_BODY, ReadCase, StreamCase
 
@@ -232,14 +233,24 @@ EVERY_KIND_OF_EVENT = [
 ]
 
 
-# Whether a stream ends with a usage chunk: (usage not asked for, asked for), per dialect.
+# Whether a stream ends with a usage chunk: (usage not asked for, asked for), per translator; a
+# dialect that reuses a translator (a subclass) is held to what it does.
 USAGE_CHUNKS = {
-    "openai": (0, 1),
-    "azure": (0, 0),  # azure.yaml: always, on the last finish chunk (test_azure.py)
-    "aleph_alpha": (0, 1),
-    "lmi": (0, 0),  # LMI's stream has no usage (its document has no stream_options)
-    "ovms": (0, 1),
+    "OpenAITranslator": (0, 1),
+    "AzureTranslator": (0, 0),  # azure.yaml: always, on the last finish chunk (test_azure.py)
+    "AlephAlphaTranslator": (0, 1),
+    "LMITranslator": (0, 0),  # LMI's stream has no usage (its document has no stream_options)
+    "OVMSTranslator": (0, 1),
 }
+
+
+def expected_usage_chunks(translator: OpenAIShaped) -> tuple[int, int]:
+    """The row of the nearest class in the translator's ancestry that has one (a new translator
+    with none fails here, naming itself)."""
+    for cls in type(translator).__mro__:
+        if cls.__name__ in USAGE_CHUNKS:
+            return USAGE_CHUNKS[cls.__name__]
+    raise AssertionError(f"{type(translator).__name__}: add its row to USAGE_CHUNKS")
 
 
 @pytest.mark.parametrize("include_usage", [False, True], ids=["usage not asked for", "usage asked for"])
@@ -250,7 +261,7 @@ def test_a_chunk_without_choices_is_the_usage_chunk(dialect_name: str, include_u
     chunks = cases.stream(cases.translator(dialect_name), EVERY_KIND_OF_EVENT, include_usage=include_usage)
     without_choices = [chunk for chunk in chunks if not chunk["choices"]]
     assert all(chunk.get("usage") for chunk in without_choices)
-    assert len(without_choices) == USAGE_CHUNKS[dialect_name][include_usage]
+    assert len(without_choices) == expected_usage_chunks(cases.translator(dialect_name))[include_usage]
     assert all(chunk.get("usage") is None for chunk in chunks[:-1] if chunk["choices"])
     if without_choices:
         assert chunks[-1] is without_choices[0]
@@ -258,25 +269,36 @@ def test_a_chunk_without_choices_is_the_usage_chunk(dialect_name: str, include_u
 
 # ----- framing ----------------------------------------------------------------------------------
 
-FRAMINGS = [
-    pytest.param("openai", SSE, b'data: {"a":1}\n\n', b"data: [DONE]\n\n", id="openai: SSE"),
-    pytest.param("azure", SSE, b'data: {"a":1}\n\n', b"data: [DONE]\n\n", id="azure: SSE"),
-    pytest.param("aleph_alpha", SSE, b'data: {"a":1}\n\n', b"data: [DONE]\n\n", id="aleph_alpha: SSE"),
-    pytest.param("lmi", JSONLines, b'{"a":1}\n', None, id="lmi: JSON lines, no end marker"),
-    pytest.param("ovms", SSE, b'data: {"a":1}\n\n', b"data: [DONE]\n\n", id="ovms: SSE"),
-]
+# The framing a dialect's stream has, from its document: the media type its chat operations
+# declare for a streamed 200 (SSE ends with `[DONE]`; JSON lines have no end marker).
+FRAMING_BY_MEDIA_TYPE = {
+    "text/event-stream": (SSE, b'data: {"a":1}\n\n', b"data: [DONE]\n\n"),
+    "application/jsonlines": (JSONLines, b'{"a":1}\n', None),
+}
 
 
-@pytest.mark.parametrize(("dialect_name", "framing", "frame", "done"), FRAMINGS)
-def test_framing(dialect_name: str, framing: type, frame: bytes, done: bytes | None):
+def streamed_media_type(dialect_name: str) -> str:
+    dialect = DIALECTS[dialect_name]
+    document = load_document(dialect.document)
+    found = {
+        media_type
+        for item in document["paths"].values()
+        for method, operation in item.items()
+        if method == "post" and operation["operationId"] in dialect.chat_operations
+        for media_type in operation["responses"]["200"]["content"]
+        if media_type != "application/json"
+    }
+    assert len(found) == 1, f"{dialect_name}: one streamed media type, not {found}"
+    return found.pop()
+
+
+@pytest.mark.parametrize("dialect_name", DIALECTS)
+def test_framing(dialect_name: str):
+    framing, frame, done = FRAMING_BY_MEDIA_TYPE[streamed_media_type(dialect_name)]
     translator = cases.translator(dialect_name)
     assert translator.framing is framing
     assert translator.framing.frame({"a": 1}) == frame
     assert translator.framing.done == done
-
-
-def test_framings_cover_every_dialect():
-    assert {param.values[0] for param in FRAMINGS} == set(DIALECTS)
 
 
 # ----- errors -----------------------------------------------------------------------------------

@@ -1,0 +1,130 @@
+"""The README's recipe for a sixth dialect holds: in a copy of the tree, a throwaway dialect made
+from a copy of an existing document — its document, its translator module, one registry entry,
+and what the generators write; no test table edited — passes the suite's table-driven tests and
+the type check, and is served at its own mount.
+
+The copy is `vllm`: OVMS's document under another name, at `/vllm`, with OVMS's translator.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.servers import ROOT, free_port, wait_until_healthy
+
+TREE = ("backends", "gateway", "generated", "openapi", "tests", "docs", "pyproject.toml", "README.md")
+
+TRANSLATOR_MODULE = '''"""vLLM's chat completions: OVMS's shape at a mount of its own (throwaway)."""
+
+from gateway.dialects.dialect import Dialect
+from gateway.dialects.ovms import OVMSTranslator
+
+DIALECT = Dialect(
+    name="vllm",
+    document="vllm.yaml",
+    default_mount="/vllm",
+    translator=OVMSTranslator,
+    chat_operations=("createChatCompletion",),
+    screens_media=True,
+)
+'''
+
+
+def run(command: list[str], cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    environment = {**os.environ, "PYTHONPATH": str(cwd), "MYPY_CACHE_DIR": str(cwd / ".mypy_cache")}
+    result = subprocess.run(
+        command, cwd=cwd, env=environment, capture_output=True, text=True, timeout=timeout
+    )
+    assert result.returncode == 0, f"{' '.join(command)}:\n{result.stdout[-4000:]}\n{result.stderr[-3000:]}"
+    return result
+
+
+@pytest.fixture(scope="module")
+def copy_with_a_sixth_dialect(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tree = tmp_path_factory.mktemp("sixth") / "chatgate"
+    tree.mkdir()
+    ignore = shutil.ignore_patterns("__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache")
+    for name in TREE:
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, tree / name, ignore=ignore)
+        else:
+            shutil.copy2(ROOT / name, tree / name)
+    # 1. its document: a copy of an existing one
+    shutil.copy2(ROOT / "openapi" / "ovms.yaml", tree / "openapi" / "vllm.yaml")
+    # 2. its translator module
+    (tree / "gateway" / "dialects" / "vllm.py").write_text(TRANSLATOR_MODULE)
+    # 3. one entry in the registry
+    registry = tree / "gateway" / "dialects" / "__init__.py"
+    text = registry.read_text()
+    text = text.replace("lmi, openai, ovms\n", "lmi, openai, ovms, vllm\n", 1)
+    text = text.replace("ovms.DIALECT)", "ovms.DIALECT, vllm.DIALECT)", 1)
+    assert "vllm.DIALECT" in text and ", vllm\n" in text, "the registry's shape changed: update the recipe"
+    registry.write_text(text)
+    # 4. what the generators write: the types and the configuration's schema
+    run([sys.executable, "-m", "gateway.tools.codegen"], tree)
+    schema = run([sys.executable, "-m", "gateway", "config", "schema"], tree).stdout
+    (tree / "docs" / "config.schema.json").write_text(schema)
+    assert (tree / "generated" / "vllm.py").is_file()
+    return tree
+
+
+def test_the_suite_tables_cover_it_without_an_edit(copy_with_a_sixth_dialect: Path):
+    tree = copy_with_a_sixth_dialect
+    suites = [
+        "tests/dialects",
+        "tests/test_spec_documents.py",
+        "tests/test_parameter_tables.py",
+        "tests/test_config_schema.py",
+        "tests/test_layers.py",
+    ]
+    result = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", *suites], tree)
+    collected = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--collect-only", *suites],
+        cwd=tree,
+        env={**os.environ, "PYTHONPATH": str(tree)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    ).stdout
+    vllm_tests = [line for line in collected.splitlines() if "vllm" in line]
+    assert len(vllm_tests) >= 50, collected[-2000:]  # the new dialect is in the tables, not skipped
+    assert " passed" in result.stdout
+
+
+def test_the_type_check_holds_it(copy_with_a_sixth_dialect: Path):
+    run([sys.executable, "-m", "mypy"], copy_with_a_sixth_dialect)
+
+
+def test_it_is_served_at_its_mount(copy_with_a_sixth_dialect: Path, tmp_path: Path):
+    tree = copy_with_a_sixth_dialect
+    port = free_port()
+    log = tmp_path / "gateway.log"
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", str(port)],
+            cwd=tree,
+            env={**os.environ, "PYTHONPATH": str(tree)},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_healthy(url, process, log)
+        body = {"model": "echo", "messages": [{"role": "user", "content": "Hello, sixth"}]}
+        answer = httpx.post(f"{url}/vllm/chat/completions", json=body, timeout=30)
+        assert answer.status_code == 200, answer.text
+        assert "Hello, sixth" in answer.json()["choices"][0]["message"]["content"]
+        refused = httpx.post(f"{url}/vllm/chat/completions", json={"model": "echo"}, timeout=30)
+        assert refused.status_code == 400 and "messages" in refused.text  # its document validates
+        served = httpx.get(f"{url}/vllm/openapi.json", timeout=30)
+        assert served.status_code == 200 and "/chat/completions" in served.json()["paths"]
+    finally:
+        process.terminate()
+        process.wait(20)
