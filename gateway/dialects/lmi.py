@@ -104,7 +104,12 @@ class LMITranslator(
         usage: Usage | None = None,
         last_of_choice: bool = False,
     ) -> lmi_doc.ChatCompletionChunk:
-        return {"id": answer.id, "object": "chat.completion.chunk", "created": answer.created, "choices": choices}
+        return {
+            "id": answer.id,
+            "object": "chat.completion.chunk",
+            "created": answer.created,
+            "choices": choices,
+        }
 
     def chunk_choice(
         self, index: int, delta: Shared, logprobs: Shared = None, finish_reason: Shared = None
