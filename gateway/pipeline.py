@@ -16,6 +16,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import orjson
 from starlette.responses import Response
@@ -176,7 +177,7 @@ class ChatPipeline:
         dialect's shape (an error event its SDKs raise on), never an invented finish reason."""
         translator = self.translator
         frame = translator.framing.error
-        state = StreamState()
+        state: StreamState[Any] = StreamState()  # any dialect's chunks: this serves them all
         room = self.max_response_bytes
         try:
             while not first.done():

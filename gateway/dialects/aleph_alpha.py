@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from starlette.responses import Response
 
-from gateway.core.canonical import ChatRequest, Choice, Event
+from gateway.core.canonical import ChatRequest, Choice, Completion, Event, Usage
 from gateway.core.errors import BadRequest, GatewayError
 from gateway.dialects.dialect import Dialect, Handler, ModelDirectory, OperationCall
-from gateway.dialects.shape import JSON, Answer, OpenAIShaped, StreamState
+from gateway.dialects.shape import JSON, Answer, OpenAIShaped, Shared, StreamState
 
 if TYPE_CHECKING:
     from generated import aleph_alpha as aleph_alpha_doc
@@ -63,18 +63,70 @@ def check_message_order(messages: list[dict[str, Any]]) -> None:
         )
 
 
-class AlephAlphaTranslator(OpenAIShaped):
+class AlephAlphaTranslator(
+    OpenAIShaped[
+        "aleph_alpha_doc.ChatRequest",
+        "aleph_alpha_doc.ChatResponse",
+        "aleph_alpha_doc.ChatStreamChunk",
+        "aleph_alpha_doc.ChatStreamChoice",
+        "aleph_alpha_doc.ErrorResponse",
+    ]
+):
     finish_delta = {"content": ""}
     missing_logprob = -9999.0  # the seed's fallback
     null_bytes = False  # the seed: the token's UTF-8 bytes, always a list
-    usage_in_chunks = "null"  # the seed: null in stream chunks unless the usage chunk
-    served_fields = ("system_fingerprint",)
-    fingerprint_in_last_chunk = True  # the seed: set in a completion's last chunk, null otherwise
 
     def check(self, request: ChatRequest) -> None:
         check_message_order(request.messages)
 
-    def message_body(self, choice: Choice, request: ChatRequest) -> dict[str, Any]:
+    def completion(self, answer: Answer, completion: Completion) -> aleph_alpha_doc.ChatResponse:
+        request = answer.request
+        body: aleph_alpha_doc.ChatResponse = {
+            "id": answer.id,
+            "object": "chat.completion",
+            "created": answer.created,
+            "model": answer.model,
+            "choices": [
+                {
+                    "index": c.index,
+                    "message": self.message_body(c, request),
+                    "logprobs": self.logprobs_body(c.logprobs, c.refusal_logprobs),
+                    "finish_reason": self.finish_word(c.finish_reason, request),
+                }
+                for c in completion.choices
+            ],
+            "usage": self.usage_body(completion.usage),
+        }
+        if completion.served.system_fingerprint is not None:
+            body["system_fingerprint"] = completion.served.system_fingerprint
+        return body
+
+    def chunk_body(
+        self,
+        answer: Answer,
+        state: StreamState[aleph_alpha_doc.ChatStreamChunk],
+        choices: list[aleph_alpha_doc.ChatStreamChoice],
+        usage: Usage | None = None,
+        last_of_choice: bool = False,
+    ) -> aleph_alpha_doc.ChatStreamChunk:
+        """The seed: `system_fingerprint` set in a choice's last chunk, null in the others;
+        `usage` null in every chunk but the usage chunk."""
+        return {
+            "id": answer.id,
+            "object": "chat.completion.chunk",
+            "created": answer.created,
+            "model": answer.model,
+            "choices": choices,
+            "system_fingerprint": state.served.system_fingerprint if last_of_choice else None,
+            "usage": None if usage is None else self.usage_body(usage),
+        }
+
+    def chunk_choice(
+        self, index: int, delta: Shared, logprobs: Shared = None, finish_reason: Shared = None
+    ) -> aleph_alpha_doc.ChatStreamChoice:
+        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+
+    def message_body(self, choice: Choice, request: ChatRequest) -> Shared:
         """The document's message always has text `content` (the client reads it): empty, not
         null, beside tool calls."""
         message = super().message_body(choice, request)
@@ -82,7 +134,9 @@ class AlephAlphaTranslator(OpenAIShaped):
             message["content"] = ""
         return message
 
-    def chunks(self, answer: Answer, event: Event, state: StreamState) -> list[dict[str, Any]]:
+    def chunks(
+        self, answer: Answer, event: Event, state: StreamState[aleph_alpha_doc.ChatStreamChunk]
+    ) -> list[aleph_alpha_doc.ChatStreamChunk]:
         """Every delta has text `content` (the document requires it; the client reads it)."""
         sent = super().chunks(answer, event, state)
         for chunk in sent:

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from starlette.responses import Response
 
-from gateway.core.canonical import ChatRequest, Event, Finish, Usage
+from gateway.core.canonical import ChatRequest, Completion, Event, Finish, Usage
 from gateway.core.errors import DeploymentForbidden, DeploymentNotFound, GatewayError
 from gateway.dialects.dialect import Dialect, Handler, ModelDirectory, OperationCall
-from gateway.dialects.shape import JSON, Answer, OpenAIShaped, RenderedError, StreamState
+from gateway.dialects.shape import JSON, Answer, OpenAIShaped, RenderedError, Shared, StreamState
 
 if TYPE_CHECKING:
     from typing import TypeAlias
@@ -63,18 +63,75 @@ def message_read(message: Any) -> Any:
     return {**message, "content": [part_read(part) for part in content]}
 
 
-class AzureTranslator(OpenAIShaped):
-    logprobs_in_choices = False  # neither the seed nor azure.yaml has a choice's `logprobs`
-    usage_chunk = "never"  # the usage goes on the last finish chunk instead (chunks below)
-    served_fields = ("system_fingerprint",)
+class AzureTranslator(
+    OpenAIShaped[
+        "azure_doc.ChatCompletionsOptions",
+        "azure_doc.ChatCompletions",
+        "azure_doc.StreamingChatCompletionsUpdate",
+        "azure_doc.StreamingChatChoiceUpdate",
+        "AzureError",
+    ]
+):
+    """Neither the seed nor azure.yaml has a choice's `logprobs`."""
 
-    def read(self, body: dict[str, Any]) -> ChatRequest:
+    usage_chunk = "never"  # the usage goes on the last finish chunk instead (chunks below)
+
+    def read(self, body: azure_doc.ChatCompletionsOptions) -> ChatRequest:
         messages = body.get("messages")
         if isinstance(messages, list):
             body = {**body, "messages": [message_read(m) for m in messages]}
         return super().read(body)
 
-    def chunks(self, answer: Answer, event: Event, state: StreamState) -> list[dict[str, Any]]:
+    def completion(self, answer: Answer, completion: Completion) -> azure_doc.ChatCompletions:
+        request = answer.request
+        body: azure_doc.ChatCompletions = {
+            "id": answer.id,
+            "object": "chat.completion",
+            "created": answer.created,
+            "model": answer.model,
+            "choices": [
+                {
+                    "index": c.index,
+                    "message": self.message_body(c, request),
+                    "finish_reason": self.finish_word(c.finish_reason, request),
+                }
+                for c in completion.choices
+            ],
+            "usage": self.usage_body(completion.usage),
+        }
+        if completion.served.system_fingerprint is not None:
+            body["system_fingerprint"] = completion.served.system_fingerprint
+        return body
+
+    def chunk_body(
+        self,
+        answer: Answer,
+        state: StreamState[azure_doc.StreamingChatCompletionsUpdate],
+        choices: list[azure_doc.StreamingChatChoiceUpdate],
+        usage: Usage | None = None,
+        last_of_choice: bool = False,
+    ) -> azure_doc.StreamingChatCompletionsUpdate:
+        chunk: azure_doc.StreamingChatCompletionsUpdate = {
+            "id": answer.id,
+            "object": "chat.completion.chunk",
+            "created": answer.created,
+            "model": answer.model,
+            "choices": choices,
+        }
+        if state.served.system_fingerprint is not None:
+            chunk["system_fingerprint"] = state.served.system_fingerprint
+        if usage is not None:
+            chunk["usage"] = self.usage_body(usage)
+        return chunk
+
+    def chunk_choice(
+        self, index: int, delta: Shared, logprobs: Shared = None, finish_reason: Shared = None
+    ) -> azure_doc.StreamingChatChoiceUpdate:
+        return {"index": index, "delta": delta, "finish_reason": finish_reason}
+
+    def chunks(
+        self, answer: Answer, event: Event, state: StreamState[azure_doc.StreamingChatCompletionsUpdate]
+    ) -> list[azure_doc.StreamingChatCompletionsUpdate]:
         """azure.yaml: `usage` in the last chunk (an Azure request has no stream_options to ask
         for it), which keeps a choice, as the refspec's chunk needs one: a finish chunk waits
         for the usage that follows it."""

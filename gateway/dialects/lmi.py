@@ -7,15 +7,15 @@ a stream; logprobs only with a positive `top_logprobs`; errors as DJL Serving's
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import orjson
 from starlette.responses import Response
 
-from gateway.core.canonical import ChatRequest, Event, Finish, TextDelta, TokenBytes
+from gateway.core.canonical import ChatRequest, Completion, Event, Finish, TextDelta, TokenBytes, Usage
 from gateway.core.errors import GatewayError
 from gateway.dialects.dialect import Dialect, Handler, ModelDirectory, OperationCall
-from gateway.dialects.shape import JSON, Answer, OpenAIShaped, StreamState
+from gateway.dialects.shape import JSON, Answer, OpenAIShaped, Shared, StreamState
 from gateway.framing import JSONLines
 
 if TYPE_CHECKING:
@@ -40,12 +40,20 @@ EXCEPTION_NAMES = {
 }
 
 
-class LMITranslator(OpenAIShaped):
+class LMITranslator(
+    OpenAIShaped[
+        "lmi_doc.ChatCompletionRequest",
+        "lmi_doc.ChatCompletion",
+        "lmi_doc.ChatCompletionChunk",
+        "lmi_doc.StreamChoice",
+        "lmi_doc.ErrorResponse",
+    ]
+):
+    """No `model` in LMI's bodies; a chunk's logprobs a one-element list (see lmi.yaml)."""
+
     framing = JSONLines
     finish_delta = {"content": ""}
     separate_role_chunk = False  # LMI's first chunk carries the role and the first token
-    model_in_bodies = False
-    logprobs_listed_in_chunks = True  # see lmi.yaml
     usage_chunk = "never"  # LMI's stream has no usage
     finish_reasons = {
         "stop": "eos_token",
@@ -55,7 +63,7 @@ class LMITranslator(OpenAIShaped):
         "content_filter": "stop_sequence",
     }
 
-    def read(self, body: dict[str, Any]) -> ChatRequest:
+    def read(self, body: lmi_doc.ChatCompletionRequest) -> ChatRequest:
         request = super().read(body)
         # LMI returns logprobs only "when logprobs=true and top_logprobs is a positive integer"
         if request.logprobs and not request.top_logprobs:
@@ -70,7 +78,48 @@ class LMITranslator(OpenAIShaped):
     def entry_bytes(self, token: str, given: TokenBytes) -> list[int] | None:
         return None if given is None else self.token_bytes(token)  # code points, whatever was given
 
-    def chunks(self, answer: Answer, event: Event, state: StreamState) -> list[dict[str, Any]]:
+    def completion(self, answer: Answer, completion: Completion) -> lmi_doc.ChatCompletion:
+        request = answer.request
+        return {
+            "id": answer.id,
+            "object": "chat.completion",
+            "created": answer.created,
+            "choices": [
+                {
+                    "index": c.index,
+                    "message": self.message_body(c, request),
+                    "logprobs": self.logprobs_body(c.logprobs, c.refusal_logprobs),
+                    "finish_reason": self.finish_word(c.finish_reason, request),
+                }
+                for c in completion.choices
+            ],
+            "usage": self.usage_body(completion.usage),
+        }
+
+    def chunk_body(
+        self,
+        answer: Answer,
+        state: StreamState[lmi_doc.ChatCompletionChunk],
+        choices: list[lmi_doc.StreamChoice],
+        usage: Usage | None = None,
+        last_of_choice: bool = False,
+    ) -> lmi_doc.ChatCompletionChunk:
+        return {
+            "id": answer.id,
+            "object": "chat.completion.chunk",
+            "created": answer.created,
+            "choices": choices,
+        }
+
+    def chunk_choice(
+        self, index: int, delta: Shared, logprobs: Shared = None, finish_reason: Shared = None
+    ) -> lmi_doc.StreamChoice:
+        listed = None if logprobs is None else [logprobs]
+        return {"index": index, "delta": delta, "logprobs": listed, "finish_reason": finish_reason}
+
+    def chunks(
+        self, answer: Answer, event: Event, state: StreamState[lmi_doc.ChatCompletionChunk]
+    ) -> list[lmi_doc.ChatCompletionChunk]:
         """The seed's stream: the last token's line carries the finish reason. The line of a text
         the backend marked `last` waits for the Finish that comes next and takes its reason; a
         backend that cannot tell gets the finish on a line of its own."""

@@ -8,9 +8,10 @@ from typing import TYPE_CHECKING
 import orjson
 from starlette.responses import Response
 
+from gateway.core.canonical import Completion, Usage
 from gateway.core.errors import DeploymentForbidden, GatewayError, ModelNotFound, NotFound
 from gateway.dialects.dialect import Dialect, Handler, ModelDirectory, OperationCall
-from gateway.dialects.shape import JSON, OpenAIShaped, RenderedError
+from gateway.dialects.shape import JSON, Answer, OpenAIShaped, RenderedError, Shared, StreamState
 
 if TYPE_CHECKING:
     from generated import openai as openai_doc
@@ -25,12 +26,84 @@ def model_not_found(model: str) -> NotFound:
     )
 
 
-class OpenAITranslator(OpenAIShaped):
+class OpenAITranslator(
+    OpenAIShaped[
+        "openai_doc.CreateChatCompletionRequest",
+        "openai_doc.CreateChatCompletionResponse",
+        "openai_doc.CreateChatCompletionStreamResponse",
+        "openai_doc.ChatCompletionStreamChoice",
+        "openai_doc.ErrorResponse",
+    ]
+):
     refusal_field = True  # OpenAI always sends `refusal`, null when the model did not refuse
     logprobs_refusal = True
     usage_details = True
-    usage_in_chunks = "null_when_asked"
-    served_fields = ("service_tier", "system_fingerprint")
+
+    def completion(self, answer: Answer, completion: Completion) -> openai_doc.CreateChatCompletionResponse:
+        request = answer.request
+        body: openai_doc.CreateChatCompletionResponse = {
+            "id": answer.id,
+            "object": "chat.completion",
+            "created": answer.created,
+            "model": answer.model,
+            "choices": [
+                {
+                    "index": c.index,
+                    "message": self.message_body(c, request),
+                    "logprobs": self.logprobs_body(c.logprobs, c.refusal_logprobs),
+                    "finish_reason": self.finish_word(c.finish_reason, request),
+                }
+                for c in completion.choices
+            ],
+        }
+        served = completion.served
+        if served.service_tier is not None:
+            body["service_tier"] = served.service_tier
+        if served.system_fingerprint is not None:
+            body["system_fingerprint"] = served.system_fingerprint
+        body["usage"] = self.usage_body(completion.usage)
+        return body
+
+    def chunk_body(
+        self,
+        answer: Answer,
+        state: StreamState[openai_doc.CreateChatCompletionStreamResponse],
+        choices: list[openai_doc.ChatCompletionStreamChoice],
+        usage: Usage | None = None,
+        last_of_choice: bool = False,
+    ) -> openai_doc.CreateChatCompletionStreamResponse:
+        chunk: openai_doc.CreateChatCompletionStreamResponse = {
+            "id": answer.id,
+            "object": "chat.completion.chunk",
+            "created": answer.created,
+            "model": answer.model,
+            "choices": choices,
+        }
+        served = state.served
+        if served.service_tier is not None:
+            chunk["service_tier"] = served.service_tier
+        if served.system_fingerprint is not None:
+            chunk["system_fingerprint"] = served.system_fingerprint
+        if usage is not None:
+            chunk["usage"] = self.usage_body(usage)
+        elif answer.request.include_usage:  # null in every chunk before the usage chunk
+            chunk["usage"] = None
+        return chunk
+
+    def chunk_choice(
+        self, index: int, delta: Shared, logprobs: Shared = None, finish_reason: Shared = None
+    ) -> openai_doc.ChatCompletionStreamChoice:
+        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+
+    def error_body(self, error: GatewayError, request_id: str) -> openai_doc.ErrorResponse:
+        return {
+            "error": {
+                "message": error.message,
+                "type": error.kind,
+                "param": error.param,
+                "code": error.code,
+            }
+        }
 
     def error(self, error: GatewayError, request_id: str) -> RenderedError:
         # a model hidden from the key reads exactly as one that does not exist

@@ -6,12 +6,12 @@ screened by gateway/policy/media.py before any backend."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from gateway.core.canonical import ChatRequest
+from gateway.core.canonical import ChatRequest, Completion, Usage
 from gateway.core.errors import GatewayError
 from gateway.dialects.dialect import Dialect
-from gateway.dialects.shape import OpenAIShaped
+from gateway.dialects.shape import Answer, OpenAIShaped, Shared, StreamState
 
 if TYPE_CHECKING:
     from generated import ovms as ovms_doc
@@ -19,7 +19,17 @@ if TYPE_CHECKING:
 INCLUDE_STOP = "include_stop_str_in_output"
 
 
-class OVMSTranslator(OpenAIShaped):
+class OVMSTranslator(
+    OpenAIShaped[
+        "ovms_doc.CreateChatCompletionRequest",
+        "ovms_doc.CreateChatCompletionResponse",
+        "ovms_doc.CreateChatCompletionStreamResponse",
+        "ovms_doc.ChatCompletionStreamChoice",
+        "ovms_doc.ErrorResponse",
+    ]
+):
+    """OVMS sends no `id` (the seed lists it as unsupported) and no `system_fingerprint`."""
+
     # OVMS documents only `stop` and `length`.
     finish_reasons = {
         "stop": "stop",
@@ -28,17 +38,58 @@ class OVMSTranslator(OpenAIShaped):
         "tool_calls": "stop",
         "content_filter": "stop",
     }
-    id_in_bodies = False  # OVMS sends no `id` (the seed lists it as unsupported)
     missing_logprob = None  # ovms.yaml: null when the runtime has none
-    usage_in_chunks = "null_when_asked"
 
-    def read(self, body: dict[str, Any]) -> ChatRequest:
+    def read(self, body: ovms_doc.CreateChatCompletionRequest) -> ChatRequest:
         request = super().read(body)
         # The seed: a streamed answer keeps a matched stop string unless told otherwise. Said
         # to every backend as the option, where there is a stop string for it to matter.
         if request.stream and request.stop and INCLUDE_STOP not in request.options:
             request.options[INCLUDE_STOP] = True
         return request
+
+    def completion(self, answer: Answer, completion: Completion) -> ovms_doc.CreateChatCompletionResponse:
+        request = answer.request
+        return {
+            "object": "chat.completion",
+            "created": answer.created,
+            "model": answer.model,
+            "choices": [
+                {
+                    "index": c.index,
+                    "message": self.message_body(c, request),
+                    "logprobs": self.logprobs_body(c.logprobs, c.refusal_logprobs),
+                    "finish_reason": self.finish_word(c.finish_reason, request),
+                }
+                for c in completion.choices
+            ],
+            "usage": self.usage_body(completion.usage),
+        }
+
+    def chunk_body(
+        self,
+        answer: Answer,
+        state: StreamState[ovms_doc.CreateChatCompletionStreamResponse],
+        choices: list[ovms_doc.ChatCompletionStreamChoice],
+        usage: Usage | None = None,
+        last_of_choice: bool = False,
+    ) -> ovms_doc.CreateChatCompletionStreamResponse:
+        chunk: ovms_doc.CreateChatCompletionStreamResponse = {
+            "object": "chat.completion.chunk",
+            "created": answer.created,
+            "model": answer.model,
+            "choices": choices,
+        }
+        if usage is not None:
+            chunk["usage"] = self.usage_body(usage)
+        elif answer.request.include_usage:  # null in every chunk before the usage chunk
+            chunk["usage"] = None
+        return chunk
+
+    def chunk_choice(
+        self, index: int, delta: Shared, logprobs: Shared = None, finish_reason: Shared = None
+    ) -> ovms_doc.ChatCompletionStreamChoice:
+        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
 
     def error_body(self, error: GatewayError, request_id: str) -> ovms_doc.ErrorResponse:
         return {"error": error.message}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar
 
 import orjson
 
@@ -40,6 +40,18 @@ if TYPE_CHECKING:  # the documents' shapes, for the type checker only (generated
     from generated import openai as openai_doc
 
 JSON = "application/json"
+
+# A translator is typed by its dialect's document (generated/<dialect>.py): the request it reads,
+# the completion, chunk, stream choice and error body it writes. mypy holds each dialect's keys
+# to its own document, so a field renamed in openapi/ fails the type check (tests/test_types.py).
+RequestT = TypeVar("RequestT", bound=Mapping[str, Any])
+CompletionT = TypeVar("CompletionT")
+ChunkT = TypeVar("ChunkT")
+StreamChoiceT = TypeVar("StreamChoiceT")
+ErrorT = TypeVar("ErrorT", bound=Mapping[str, Any])
+# A part every OpenAI-shaped document shapes alike (a message, a delta, logprobs, usage), built
+# once here for all dialects; the completion, chunk and choice that hold it are typed per dialect.
+Shared = Any
 # The names of the token limit, the first one given winning (OpenAI's newer name over its older
 # one; Aleph Alpha's client's name last).
 TOKEN_LIMITS = ("max_completion_tokens", "max_tokens", "maximum_tokens")
@@ -88,12 +100,12 @@ class Answer:
 
 
 @dataclass(slots=True)
-class StreamState:
+class StreamState(Generic[ChunkT]):
     """What a stream's translation remembers between events."""
 
     started: set[int] = field(default_factory=set)  # choices whose first chunk went out
     served: ServedBy = field(default_factory=ServedBy)  # what the backend said of the answer
-    held: dict[int, dict[str, Any]] = field(default_factory=dict)  # a choice's chunk not yet sent
+    held: dict[int, ChunkT] = field(default_factory=dict)  # a choice's chunk not yet sent
 
 
 @dataclass(slots=True)
@@ -106,16 +118,15 @@ class RenderedError:
         return orjson.dumps(self.body)
 
 
-# Where `usage` stands in the chunks before the one that carries it: left out, null once
-# `include_usage` asked for a usage chunk (OpenAI, OVMS), or always null (Aleph Alpha).
-UsageInChunks = Literal["absent", "null_when_asked", "null"]
 # When a stream ends with a usage-only chunk: when `include_usage` asks, always, or never.
 UsageChunk = Literal["asked", "always", "never"]
 
 
-class OpenAIShaped:
+class OpenAIShaped(Generic[RequestT, CompletionT, ChunkT, StreamChoiceT, ErrorT]):
     """OpenAI's chat completion shapes, with the knobs the other dialects turn. A knob says what
-    the dialect's document has; a field the document lacks is never rendered."""
+    the dialect's document has; a field the document lacks is never rendered. The bodies' outer
+    keys (completion, chunk, stream choice, error) each dialect writes in its own document's
+    types (`completion`, `chunk_body`, `chunk_choice`, `error_body`)."""
 
     framing: ClassVar[Framing] = SSE
     id_prefix: ClassVar[str] = "chatcmpl-"
@@ -136,36 +147,27 @@ class OpenAIShaped:
     separate_role_chunk: ClassVar[bool] = True
     # the delta of the chunk that carries a finish reason (some dialects require `content`)
     finish_delta: ClassVar[Mapping[str, Any]] = {}
-    id_in_bodies: ClassVar[bool] = True  # `id` in completions and chunks
-    model_in_bodies: ClassVar[bool] = True  # `model` in completions and chunks
     refusal_field: ClassVar[bool] = False  # `message.refusal` / `delta.refusal` (else: content)
     logprobs_refusal: ClassVar[bool] = False  # `logprobs.refusal`
-    logprobs_in_choices: ClassVar[bool] = True  # a choice's `logprobs`
-    logprobs_listed_in_chunks: ClassVar[bool] = False  # a chunk's logprobs as a one-element list
     usage_details: ClassVar[bool] = False  # `usage.*_tokens_details`
-    usage_in_chunks: ClassVar[UsageInChunks] = "absent"
     usage_chunk: ClassVar[UsageChunk] = "asked"
-    # the fields of ServedBy the document has in completions and chunks
-    served_fields: ClassVar[tuple[str, ...]] = ()
-    # `system_fingerprint` only in the last chunk of each choice, null in every other chunk
-    fingerprint_in_last_chunk: ClassVar[bool] = False
 
     def __init__(self, facts: DocumentFacts) -> None:
         self.facts = facts
 
     # ----- reading ---------------------------------------------------------------------------
 
-    def read(self, body: dict[str, Any]) -> ChatRequest:
+    def read(self, body: RequestT) -> ChatRequest:
         """A validated chat body → the canonical request. Only the parameters the document
         defines are read; the others go to `extra`, untouched, for the extra-parameters policy."""
-        body = self.screen_unsupported(body)
-        if (breach := first_breach(self.facts.rules, body)) is not None:
+        screened = self.screen_unsupported(body)
+        if (breach := first_breach(self.facts.rules, screened)) is not None:
             raise breach
         defined = self.facts.fields
         known: dict[str, Any] = {}
         options: dict[str, Any] = {}
         extra: dict[str, Any] = {}
-        for name, value in body.items():
+        for name, value in screened.items():
             if name not in defined:
                 extra[name] = value
                 continue
@@ -217,7 +219,7 @@ class OpenAIShaped:
             legacy_functions=legacy,
         )
 
-    def screen_unsupported(self, body: dict[str, Any]) -> dict[str, Any]:
+    def screen_unsupported(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
         """Refuse parameters the document marks rejected (400, as the documents say: the dialect
         itself refuses them, whatever the model); drop those it marks ignored."""
         unsupported = self.facts.unsupported
@@ -258,7 +260,7 @@ class OpenAIShaped:
 
     def logprobs_body(
         self, logprobs: list[TokenLogprob] | None, refusal: list[TokenLogprob] | None = None
-    ) -> dict[str, Any] | None:
+    ) -> Shared:
         if not self.logprobs_refusal:
             logprobs = logprobs if refusal is None else [*(logprobs or ()), *refusal]
             return None if logprobs is None else {"content": self.entries(logprobs)}
@@ -289,7 +291,7 @@ class OpenAIShaped:
             "function": {"name": call.name, "arguments": call.arguments},
         }
 
-    def usage_body(self, usage: Usage) -> openai_doc.CompletionUsage:
+    def usage_body(self, usage: Usage) -> Shared:
         body: openai_doc.CompletionUsage = {
             "prompt_tokens": usage.prompt_tokens,
             "completion_tokens": usage.completion_tokens,
@@ -302,12 +304,13 @@ class OpenAIShaped:
                 body["prompt_tokens_details"] = said(usage.prompt_tokens_details)  # type: ignore[typeddict-item]
         return body
 
-    def finish_word(self, reason: FinishReason | None, request: ChatRequest) -> str:
+    def finish_word(self, reason: FinishReason | None, request: ChatRequest) -> Shared:
+        """The dialect's word (from `finish_reasons`, its document's enum)."""
         if reason == "tool_calls" and request.legacy_functions:
             return "function_call"  # only a document with `functions` lets a request say so
         return self.finish_reasons[reason or "stop"]
 
-    def message_body(self, choice: Choice, request: ChatRequest) -> dict[str, Any]:
+    def message_body(self, choice: Choice, request: ChatRequest) -> Shared:
         content: str | None = choice.text
         refusal = choice.refusal
         if refusal is not None and not self.refusal_field:
@@ -324,72 +327,30 @@ class OpenAIShaped:
             message["refusal"] = refusal
         return message
 
-    def choice_body(self, choice: Choice, request: ChatRequest) -> dict[str, Any]:
-        body: dict[str, Any] = {"index": choice.index, "message": self.message_body(choice, request)}
-        if self.logprobs_in_choices:
-            body["logprobs"] = self.logprobs_body(choice.logprobs, choice.refusal_logprobs)
-        body["finish_reason"] = self.finish_word(choice.finish_reason, request)
-        return body
-
-    def body(self, answer: Answer, kind: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
-        """A completion's or a chunk's body, without usage (one dict: this runs per chunk)."""
-        body: dict[str, Any] = {"id": answer.id} if self.id_in_bodies else {}
-        body["object"] = kind
-        body["created"] = answer.created
-        if self.model_in_bodies:
-            body["model"] = answer.model
-        body["choices"] = choices
-        return body
-
-    def completion(self, answer: Answer, completion: Completion) -> dict[str, Any]:
-        request = answer.request
-        body = self.body(
-            answer, "chat.completion", [self.choice_body(c, request) for c in completion.choices]
-        )
-        for name in self.served_fields:
-            if (value := getattr(completion.served, name)) is not None:
-                body[name] = value
-        body["usage"] = self.usage_body(completion.usage)
-        return body
+    def completion(self, answer: Answer, completion: Completion) -> CompletionT:
+        """The completion's body, in the dialect's document's type."""
+        raise NotImplementedError
 
     def chunk_body(
         self,
         answer: Answer,
-        state: StreamState,
-        choices: list[dict[str, Any]],
+        state: StreamState[ChunkT],
+        choices: list[StreamChoiceT],
         usage: Usage | None = None,
         last_of_choice: bool = False,
-    ) -> dict[str, Any]:
-        chunk = self.body(answer, "chat.completion.chunk", choices)
-        for name in self.served_fields:
-            value = getattr(state.served, name)
-            if name == "system_fingerprint" and self.fingerprint_in_last_chunk:
-                chunk[name] = value if last_of_choice else None
-            elif value is not None:
-                chunk[name] = value
-        if usage is not None:
-            chunk["usage"] = self.usage_body(usage)
-        elif self.usage_in_chunks == "null" or (
-            self.usage_in_chunks == "null_when_asked" and answer.request.include_usage
-        ):
-            chunk["usage"] = None
-        return chunk
+    ) -> ChunkT:
+        """A chunk's body (`last_of_choice`: the chunk with the choice's finish reason)."""
+        raise NotImplementedError
 
     def chunk_choice(
-        self,
-        index: int,
-        delta: dict[str, Any],
-        logprobs: dict[str, Any] | None = None,
-        finish_reason: str | None = None,
-    ) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": index, "delta": delta}
-        if self.logprobs_in_choices:
-            listed = logprobs is not None and self.logprobs_listed_in_chunks
-            choice["logprobs"] = [logprobs] if listed else logprobs
-        choice["finish_reason"] = finish_reason
-        return choice
+        self, index: int, delta: Shared, logprobs: Shared = None, finish_reason: Shared = None
+    ) -> StreamChoiceT:
+        """One choice of a chunk."""
+        raise NotImplementedError
 
-    def opened(self, answer: Answer, state: StreamState, index: int, delta: dict[str, Any]) -> list:
+    def opened(
+        self, answer: Answer, state: StreamState[ChunkT], index: int, delta: dict[str, Any]
+    ) -> list[ChunkT]:
         """The chunks a choice's first piece takes: a role chunk first where the dialect has one,
         else the role in the piece's own delta (returned for the caller to add its chunk)."""
         if index in state.started:
@@ -401,7 +362,7 @@ class OpenAIShaped:
         opening = {"role": "assistant", "content": ""}
         return [self.chunk_body(answer, state, [self.chunk_choice(index, opening)])]
 
-    def chunks(self, answer: Answer, event: Event, state: StreamState) -> list[dict[str, Any]]:
+    def chunks(self, answer: Answer, event: Event, state: StreamState[ChunkT]) -> list[ChunkT]:
         """The stream chunks one canonical event becomes (often one, sometimes none)."""
         request = answer.request
         match event:
@@ -444,17 +405,9 @@ class OpenAIShaped:
 
     # ----- errors ----------------------------------------------------------------------------
 
-    def error_body(self, error: GatewayError, request_id: str) -> Mapping[str, Any]:
-        """OpenAI's error body; a dialect with its own shape overrides this."""
-        body: openai_doc.ErrorResponse = {
-            "error": {
-                "message": error.message,
-                "type": error.kind,
-                "param": error.param,
-                "code": error.code,
-            }
-        }
-        return body
+    def error_body(self, error: GatewayError, request_id: str) -> ErrorT:
+        """The dialect's error body."""
+        raise NotImplementedError
 
     def error(self, error: GatewayError, request_id: str) -> RenderedError:
         """A gateway error as this dialect answers it: status, body and headers."""

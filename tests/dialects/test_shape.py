@@ -118,7 +118,7 @@ def test_read_leaves_the_body_as_it_was():
 
 # ----- streams: how the events of each choice open, continue and close ------------------------
 
-BASE = OpenAIShaped(DocumentFacts(frozenset()))
+BASE = DIALECTS["openai"].translator(DocumentFacts(frozenset()))  # the base shape: OpenAI's
 CALL = cases.WEATHER_CALL
 SECOND_CALL = ToolCallDelta(index=0, call_index=1, id="call_2", name="get_time", arguments="{}")
 SECOND_CALL_BODY = {
@@ -199,10 +199,10 @@ STREAMS = [
     StreamCase(
         "usage asked for: one chunk with no choices",
         [TextDelta(0, "Hi"), Finish(0, "stop"), USAGE],
-        [
-            chunk(0, OPENS),
-            chunk(0, {"content": "Hi"}),
-            chunk(0, {}, "stop"),
+        [  # OpenAI's: `usage` null in every chunk before the usage chunk
+            {**chunk(0, OPENS), "usage": None},
+            {**chunk(0, {"content": "Hi"}), "usage": None},
+            {**chunk(0, {}, "stop"), "usage": None},
             {
                 "id": cases.ANSWER_ID,
                 "object": "chat.completion.chunk",
