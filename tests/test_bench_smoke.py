@@ -1,5 +1,6 @@
 """The benchmark harness (`python -m bench`) runs end to end in its smoke mode and produces a
-well-formed table, JSON and chart, with every goal of issue 18 as a row. No timing is asserted:
+well-formed table, JSON and chart, with every goal of issues 18 and 30 as a row, and the
+published per-core figures beside chatgate's. No timing is asserted:
 figures on a shared machine vary. `--show` re-reads the smoke run's JSON, so `--strict` is
 checked on figures set by hand rather than on whatever this machine measured.
 
@@ -33,6 +34,7 @@ GOAL_KEYS = {
     "added_p50_over_floor_c1_ms", "capped_added_p99_ms", "policy_over_no_policy_c32",
     "traced_over_untraced_c32", "added_first_chunk_p50_ms", "relayed_chunks_per_core_s",
     "rss_growth", "idle_rss_mb", "workers_connection_spread", "workers2_cpu_over_1",
+    "streams_errors", "streams_cpu_us_per_chunk", "streams_kb_per_open_stream", "streams_rss_after_over_idle",
 }  # fmt: skip
 NOT_IN_SMOKE = {
     "policy_over_no_policy_c32",
@@ -157,6 +159,11 @@ def test_table_and_chart(smoke):
     for row in results["ratios"]:
         assert row["label"] in stdout
     assert "goals held:" in stdout
+    references = stdout[stdout.index("Per core (others: published figures") :]
+    assert "LiteLLM Rust gateway" in references and "10,640" in references  # 42,560 req/s over 4 cores
+    proxied = next(line for line in references.splitlines() if line.startswith("chatgate → nginx (this run)"))
+    per_core = 1e6 / results["http"]["upstream"]["points"]["32"]["cpu_us_per_request"]
+    assert f"{per_core:,.0f}" in proxied  # chatgate's own figure, from this run's CPU per request
     assert (out / "latest.png").read_bytes().startswith(b"\x89PNG")
     assert results["meta"]["mode"] == "smoke"
 
