@@ -184,7 +184,7 @@ class GatewayServer(uvicorn.Server):
 def run_worker(options: ServeOptions, sock: socket.socket, supervisor: int | None = None) -> int:
     """One server process on a bound socket (in the process itself, or in a worker)."""
     from gateway.access_log import AccessLog
-    from gateway.app import create_app, front_door_of
+    from gateway.app import build_gateway
     from gateway.edge import Connections, EdgeProtocol
     from gateway.edge_writing import limit_unsent
     from gateway.log_sink import without_blocking
@@ -194,12 +194,12 @@ def run_worker(options: ServeOptions, sock: socket.socket, supervisor: int | Non
     settings = options.settings
     access_log = AccessLog.to(sys.stdout if options.access_log else None, settings.server.log_buffer_lines)
     try:
-        app = create_app(settings, access_log, lifecycle)
+        gateway = build_gateway(settings, access_log, lifecycle)
     except ConfigError as error:
         print(f"chatgate: {error}", file=sys.stderr, flush=True)
         return STARTUP_FAILURE
     # no log line may wait on its reader: a stalled stdout or stderr drops lines, counted
-    dropped = front_door_of(app).metrics.log_lines_dropped.inc
+    dropped = gateway.metrics.log_lines_dropped.inc
     if access_log.sink is not None:
         access_log.sink.on_drop = dropped
     loggers = [logging.getLogger(name) for name in ("", "uvicorn", "uvicorn.error", "uvicorn.access")]
@@ -208,12 +208,12 @@ def run_worker(options: ServeOptions, sock: socket.socket, supervisor: int | Non
         EdgeProtocol,
         limits=settings.server.clients,
         max_body_bytes=settings.server.max_body_bytes,
-        render_error=front_door_of(app).edge_error,
+        render_error=gateway.error_dialects.edge_error,
         shared=Connections(),
     )
     limit_unsent(sock, settings.server.clients)
     config = uvicorn.Config(
-        app,
+        gateway.app,
         log_config=None,  # configured above, once
         log_level=options.log_level,
         access_log=False,
