@@ -348,11 +348,15 @@ class FrontDoor(SpecMiddleware):
             )
             return await operation.handler(call)
         except GatewayError as error:
-            return self.error_response(translator or self.error_dialects.translator_for(path), error, request_id, record)
+            return self.error_response(
+                translator or self.error_dialects.translator_for(path), error, request_id, record
+            )
         except Exception:
             log.exception("request failed")
             failure = InternalError("The gateway failed to handle this request.")
-            return self.error_response(translator or self.error_dialects.translator_for(path), failure, request_id, record)
+            return self.error_response(
+                translator or self.error_dialects.translator_for(path), failure, request_id, record
+            )
 
     @staticmethod
     def error_response(

@@ -34,6 +34,7 @@ import uvicorn
 from gateway.config import ConfigError, Settings
 from gateway.config_source import Source
 from gateway.config_watch import ConfigWatch
+from gateway.environment import METRICS_DIR
 from gateway.lifecycle import Lifecycle
 from gateway.policy.stores import split_between_workers
 
@@ -269,13 +270,15 @@ class Supervisor:
     def run(self) -> int:
         from prometheus_client import multiprocess
 
-        from gateway.metrics import MULTIPROC_ENV
-
-        # prometheus_client adds up the workers' metrics through files in one folder
-        metrics_dir = os.environ.get(MULTIPROC_ENV)
+        # prometheus_client adds up the workers' metrics through files in one folder, which it
+        # finds in the environment: set here (the one write), the spawned workers inherit it
+        settings = self.options.settings
+        metrics_dir = settings.environment.metrics_dir
         own_dir = metrics_dir is None
         if own_dir:
-            metrics_dir = os.environ[MULTIPROC_ENV] = tempfile.mkdtemp(prefix="chatgate-metrics-")
+            metrics_dir = os.environ[METRICS_DIR] = tempfile.mkdtemp(prefix="chatgate-metrics-")
+            environment = dataclasses.replace(settings.environment, metrics_dir=metrics_dir)
+            self.options = dataclasses.replace(self.options, settings=settings.in_environment(environment))
         for sig in STOP_SIGNALS:
             signal.signal(sig, lambda *_: self.stopping.set())
         signal.signal(signal.SIGHUP, self.pass_on_sighup)
@@ -304,7 +307,7 @@ class Supervisor:
                 sock.close()
             if own_dir and metrics_dir is not None:
                 shutil.rmtree(metrics_dir, ignore_errors=True)
-                os.environ.pop(MULTIPROC_ENV, None)
+                os.environ.pop(METRICS_DIR, None)
 
     def follow_files(self) -> None:
         """Keep the settings a new worker gets as the workers keep theirs (each worker reloads on
