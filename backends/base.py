@@ -138,6 +138,7 @@ class BackendKind:
     options: str  # "module:OptionsModel", validated at start before anything is built
     requires: tuple[str, ...] = ()  # modules that must be importable
     install: str = ""  # how to get them
+    proxied: bool = False  # its constructor takes `proxy_environment` (for its `proxy: env`)
 
     def load(self, where: str) -> Any:
         module_name, _, attribute = where.partition(":")
@@ -152,11 +153,12 @@ BACKEND_KINDS: dict[str, BackendKind] = {
     kind.name: kind
     for kind in (
         BackendKind("echo", "backends.echo:EchoBackend", "backends.echo:EchoOptions"),
-        BackendKind("tgi", "backends.tgi:TGIBackend", "backends.tgi:TGIOptions"),
+        BackendKind("tgi", "backends.tgi:TGIBackend", "backends.tgi:TGIOptions", proxied=True),
         BackendKind(
             "openai-compatible",
             "backends.openai_compatible:OpenAICompatibleBackend",
             "backends.openai_compatible:Options",
+            proxied=True,
         ),
         BackendKind(
             "local",
@@ -169,7 +171,13 @@ BACKEND_KINDS: dict[str, BackendKind] = {
 }
 
 
-def create_backend(kind: str, model: str, options: dict[str, Any]) -> Backend:
-    """Instantiate a backend by its kind name."""
+def create_backend(
+    kind: str, model: str, options: dict[str, Any], proxy_environment: Mapping[str, str] | None = None
+) -> Backend:
+    """Instantiate a backend by its kind name. `proxy_environment`: the proxy variables of the
+    process (the settings' snapshot), for a backend that goes through a proxy with `proxy: env`."""
     backend_kind = BACKEND_KINDS[kind]
-    return backend_kind.load(backend_kind.backend)(model=model, **options)
+    backend_class = backend_kind.load(backend_kind.backend)
+    if backend_kind.proxied:
+        return backend_class(model=model, proxy_environment=proxy_environment or {}, **options)
+    return backend_class(model=model, **options)

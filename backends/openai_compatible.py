@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
-import os
 import re
 import uuid
 from collections.abc import AsyncIterator, Mapping
@@ -263,7 +262,13 @@ def without_userinfo(url: str) -> str:
 class OpenAICompatibleBackend:
     name = "openai-compatible"
 
-    def __init__(self, model: str = "default", **options: Any) -> None:
+    def __init__(
+        self,
+        model: str = "default",
+        *,
+        proxy_environment: Mapping[str, str] | None = None,
+        **options: Any,
+    ) -> None:
         self.options = Options.model_validate(options)
         self.model = model
         self.upstream_model = self.options.upstream_model or model
@@ -277,7 +282,7 @@ class OpenAICompatibleBackend:
         )
         # decided once, at start: where the connections go, and how TLS is checked (a bad
         # certificate file stops the gateway here, not at the first request)
-        self.proxy = self.options.proxy_for(self.options.base_url, os.environ)
+        self.proxy = self.options.proxy_for(self.options.base_url, proxy_environment or {})
         self.tls = self.options.ssl_context() if self.uses_tls else None
         self._client: UpstreamClient | None = None
         self._warned_no_usage = False

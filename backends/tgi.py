@@ -41,8 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -68,7 +67,13 @@ BASE_MODEL = "tgi"
 class TGIBackend:
     name = "tgi"
 
-    def __init__(self, model: str = "tgi", **options: Any) -> None:
+    def __init__(
+        self,
+        model: str = "tgi",
+        *,
+        proxy_environment: Mapping[str, str] | None = None,
+        **options: Any,
+    ) -> None:
         try:
             self.options = TGIOptions(**options)
         except ValidationError as error:
@@ -85,7 +90,7 @@ class TGIBackend:
             context_length=self.options.context_length,
         )
         # decided once, at start, as for every HTTP backend (backends.upstream_options)
-        self.proxy = self.options.proxy_for(self.options.url, os.environ)
+        self.proxy = self.options.proxy_for(self.options.url, proxy_environment or {})
         self.tls = self.options.ssl_context()
         self._http: httpx2.AsyncClient | None = None
         self._auto_prefix_ids: list[int] | None = None  # special tokens TGI's tokenizer prepends

@@ -8,8 +8,6 @@ an eighth of a proxied request's CPU.
 
 from __future__ import annotations
 
-import os
-import sys
 import time
 from typing import TextIO
 
@@ -17,8 +15,6 @@ import orjson
 
 from gateway.log_sink import CAPACITY, LineSink
 from gateway.record import RequestRecord
-
-ENV = "CHATGATE_ACCESS_LOG"  # "1" under `chatgate serve` unless --no-access-log
 
 
 class AccessLog:
@@ -28,10 +24,6 @@ class AccessLog:
     @classmethod
     def to(cls, stream: TextIO | None, capacity: int = CAPACITY) -> AccessLog:
         return cls(None if stream is None else LineSink(stream, capacity=capacity))
-
-    @classmethod
-    def from_environment(cls) -> AccessLog:
-        return cls.to(sys.stdout if os.environ.get(ENV) == "1" else None)
 
     def write(self, trace: RequestRecord, seconds: float) -> None:
         if self.sink is None:

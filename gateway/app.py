@@ -10,6 +10,7 @@ import functools
 import gc
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -28,8 +29,10 @@ from gateway.core.memory import return_large_blocks
 from gateway.dialects import DIALECTS
 from gateway.dialects.dialect import Dialect
 from gateway.dialects.shape import DocumentFacts, OpenAIShaped
+from gateway.error_dialects import ErrorDialects
 from gateway.front_door import FrontDoor, Handler
 from gateway.lifecycle import Lifecycle
+from gateway.metrics import Metrics
 from gateway.pipeline import ChatPipeline
 from gateway.probes.deployments import DeploymentProbes
 from gateway.runtime import Runtime
@@ -102,15 +105,28 @@ class Live:
     them has ended (or has run past its deployment's total timeout, when it ends anyway)."""
 
     def __init__(
-        self, settings: Settings, mounted: list[tuple[Dialect, str]], translators: dict[str, Any]
+        self,
+        settings: Settings,
+        mounted: list[tuple[Dialect, str]],
+        translators: dict[str, Any],
+        lifecycle: Lifecycle,
     ) -> None:
         self.mounted = mounted
         self.translators = translators
+        self.lifecycle = lifecycle
         self.runtime = Runtime(settings)
         self.handlers = self.handlers_on(self.runtime)
         self.probes = DeploymentProbes(self.runtime.router)  # started with the event loop
-        self.front_door: FrontDoor | None = None
+        self.front_door: FrontDoor | None = None  # once Connexion has built it
         self.retiring: set[asyncio.Task[None]] = set()
+
+    def attach(self, front_door: FrontDoor) -> None:
+        """The front door Connexion has just built (on the lifespan startup, or else the first
+        request): it answers with the current runtime, and serves the gateway's own endpoints."""
+        self.front_door = front_door
+        front_door.use(self.runtime.keys, self.runtime.tracing)
+        for path, handler in gateway_endpoints(self, self.lifecycle).items():
+            front_door.add_route("GET", path, handler)
 
     def handlers_on(self, runtime: Runtime) -> dict[tuple[str, str], Handler]:
         found: dict[tuple[str, str], Handler] = {}
@@ -139,8 +155,7 @@ class Live:
         previous_probes, self.probes = self.probes, DeploymentProbes(runtime.router, self.probes)
         self.probes.start()
         if self.front_door is not None:
-            self.front_door.key_store = runtime.keys
-            self.front_door.tracing = runtime.tracing
+            self.front_door.use(runtime.keys, runtime.tracing)
         task = asyncio.get_running_loop().create_task(self.retire(previous, runtime))
         self.retiring.add(task)
         task.add_done_callback(self.retiring.discard)
@@ -153,16 +168,38 @@ class Live:
         await previous.retire(successor)
 
 
+@dataclass(frozen=True, slots=True)
+class Gateway:
+    """The ASGI app, and what the server around it needs before it starts."""
+
+    app: ASGIApp
+    live: Live
+    error_dialects: ErrorDialects  # renders the connection layer's own errors
+
+    @property
+    def metrics(self) -> Metrics:
+        return self.live.runtime.metrics  # the same object across reloads
+
+
 def create_app(
     settings: Settings, access_log: AccessLog | None = None, lifecycle: Lifecycle | None = None
 ) -> ASGIApp:
+    return build_gateway(settings, access_log, lifecycle).app
+
+
+def build_gateway(
+    settings: Settings, access_log: AccessLog | None = None, lifecycle: Lifecycle | None = None
+) -> Gateway:
+    """Connexion's middleware with the front door in it. Connexion builds its middleware stack
+    (and with it the front door, which compiles the documents' tables) when the ASGI server sends
+    the lifespan startup, before the first request; the front door then attaches to `Live`."""
     lifecycle = lifecycle or Lifecycle()
     mounted = [(DIALECTS[name], mount) for name, mount in settings.mounts.items() if mount is not None]
     translators = {
         dialect.name: dialect.translator(facts_of(load_document(dialect.document), dialect.chat_operations))
         for dialect, _ in mounted
     }
-    live = Live(settings, mounted, translators)
+    live = Live(settings, mounted, translators, lifecycle)
     lifecycle.reload = live.reload
 
     @contextlib.asynccontextmanager
@@ -185,14 +222,16 @@ def create_app(
 
     fallback = translators.get("openai") or next(iter(translators.values()), None)
     fallback = fallback or DIALECTS["openai"].translator(DocumentFacts(frozenset()))
+    error_dialects = ErrorDialects([(mount, translators[d.name]) for d, mount in mounted], fallback)
     front_door = functools.partial(
         FrontDoor,
         key_store=live.runtime.keys,
         metrics=live.runtime.metrics,
         access_log=access_log or AccessLog(None),
         max_body_bytes=settings.server.max_body_bytes,
-        fallback=fallback,
+        error_dialects=error_dialects,
         tracing=live.runtime.tracing,
+        on_built=live.attach,
     )
     app = ConnexionMiddleware(
         not_found(fallback),
@@ -216,17 +255,7 @@ def create_app(
             handlers={op: live.handler(dialect.name, op) for op in operation_ids},
             dialect=dialect.name,
         )
-    # Build the middleware stack now (Connexion would on the first request): the tables are
-    # compiled at start, and the gateway's own endpoints join the front door's.
-    app.app, app.middleware_stack = app._build_middleware_stack()
-    live.front_door = front_door_of(app)
-    for path, handler in gateway_endpoints(live, lifecycle).items():
-        live.front_door.add_route("GET", path, handler)
-    return app
-
-
-def front_door_of(app: ConnexionMiddleware) -> FrontDoor:
-    return next(m for m in app.middleware_stack or () if isinstance(m, FrontDoor))
+    return Gateway(app, live, error_dialects)
 
 
 def facts_of(document: dict[str, Any], chat_operations: tuple[str, ...]) -> DocumentFacts:

@@ -1,8 +1,8 @@
-"""ASGI entry point for uvicorn (`gateway.asgi:create`, a factory): reads CHATGATE_CONFIG."""
+"""ASGI entry point for uvicorn (`gateway.asgi:create`, a factory): serves the config file
+CHATGATE_CONFIG names, with the access log when CHATGATE_ACCESS_LOG is "1"."""
 
 from __future__ import annotations
 
-import os
 import sys
 
 from starlette.types import ASGIApp
@@ -10,13 +10,13 @@ from starlette.types import ASGIApp
 from gateway.access_log import AccessLog
 from gateway.app import create_app
 from gateway.config import ConfigError
-from gateway.config_source import load_settings
+from gateway.config_source import load_from_environment
 
 
 def create() -> ASGIApp:
     try:
-        settings = load_settings(os.environ.get("CHATGATE_CONFIG") or None)
-        return create_app(settings, AccessLog.from_environment())
+        settings = load_from_environment()
+        return create_app(settings, AccessLog.to(sys.stdout if settings.environment.access_log else None))
     except ConfigError as error:  # say what is wrong, not a traceback
         print(f"chatgate: {error}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None

@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, IPvAnyNetwork, ValidationError, field_validator, model_validator
+from pydantic import (
+    ConfigDict,
+    Field,
+    IPvAnyNetwork,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from backends.base import BACKEND_KINDS
 from gateway.core.options import ConfigError, Strict, describe, from_file, one_of
+from gateway.environment import Environment
 
 ExtraParamsPolicy = Literal["pass-through", "drop", "error"]
 
@@ -510,6 +520,18 @@ class Settings(Strict):
         default_factory=lambda: [Deployment(name="echo", backend="echo", models=["*"])],
         min_length=1,
     )
+    # what the process environment says, read when the settings are made (gateway/environment.py)
+    _environment: Environment = PrivateAttr(default_factory=lambda: Environment.of(os.environ))
+
+    @property
+    def environment(self) -> Environment:
+        return self._environment
+
+    def in_environment(self, environment: Environment) -> Settings:
+        """These settings, carrying the given environment (the loader's snapshot)."""
+        copy = self.model_copy()
+        copy._environment = environment
+        return copy
 
     @field_validator("mounts")
     @classmethod

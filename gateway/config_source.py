@@ -23,6 +23,7 @@ from pydantic import ValidationError
 
 from gateway.config import Settings, check_backends, expand_references
 from gateway.core.options import ConfigError, describe
+from gateway.environment import CONFIG, Environment
 
 
 class UniqueKeyLoader(yaml.SafeLoader):
@@ -115,10 +116,11 @@ class Source:
                 "leave a section out for its default"
             )
         try:
-            raw = expand_references(raw, os.environ if environ is None else environ)
+            environ = os.environ if environ is None else environ
+            raw = expand_references(raw, environ)
             if raw.get("keys_file"):
                 raw = {**raw, "keys": [*(raw.get("keys") or []), *self.keys_of_file(Path(raw["keys_file"]))]}
-            settings = Settings.model_validate(raw)
+            settings = Settings.model_validate(raw).in_environment(Environment.of(environ))
             check_backends(settings)
         except ValidationError as error:
             raise ConfigError(f"invalid config {path}: {describe(error)}") from None
@@ -157,6 +159,11 @@ def load_settings(path: str | Path | None = None, environ: Mapping[str, str] | N
     if path is None:
         return Settings()
     return Source.read(Path(path)).settings(environ)
+
+
+def load_from_environment() -> Settings:
+    """The settings of the config file `CHATGATE_CONFIG` names (the ASGI factory's way)."""
+    return load_settings(os.environ.get(CONFIG) or None)
 
 
 def load_source(path: Path) -> tuple[Source, Settings]:

@@ -38,10 +38,10 @@ from gateway.core.errors import (
     MethodNotAllowed,
     NotFound,
     UnsupportedMediaType,
-    error_for_status,
 )
 from gateway.core.ids import new_request_id
 from gateway.dialects.shape import OpenAIShaped
+from gateway.error_dialects import ErrorDialects
 from gateway.metrics import Metrics
 from gateway.policy.auth import ANONYMOUS, KeyStore, Scheme, authenticate, schemes_of
 from gateway.record import RequestRecord
@@ -85,12 +85,6 @@ class Operation:
         return self.body is not None
 
 
-@dataclass(slots=True)
-class Mount:
-    prefix: str
-    translator: OpenAIShaped
-
-
 def typed(value: str, kind: str | None) -> Any:
     """A query, header or path string as the parameter's schema types it."""
     if kind == "boolean":
@@ -130,21 +124,30 @@ class FrontDoor(SpecMiddleware):
         metrics: Metrics,
         access_log: AccessLog,
         max_body_bytes: int,
-        fallback: OpenAIShaped,
+        error_dialects: ErrorDialects,
         tracing: Tracing | None = None,
+        on_built: Callable[[FrontDoor], None] | None = None,
     ) -> None:
+        """Connexion builds it (from a `functools.partial` of these arguments) when it builds its
+        middleware stack; `on_built` tells the gateway it exists."""
         self.app = app  # what lies behind: Connexion's Swagger UI, the lifespan
         self.key_store = key_store
         self.metrics = metrics
         self.access_log = access_log
         self.max_body_bytes = max_body_bytes
-        self.fallback = fallback  # renders errors off every mount
+        self.error_dialects = error_dialects  # renders errors off every operation
         self.tracing = tracing  # None: off
         self.exact: dict[str, dict[str, Operation]] = {}
         self.templated: list[tuple[re.Pattern[str], dict[str, Operation]]] = []
-        self.mounts: list[Mount] = []  # longest prefix first
         self.documents: dict[str, tuple[bytes, bytes]] = {}  # path → (media type, body)
         self.ui_prefixes: tuple[str, ...] = ()
+        if on_built is not None:
+            on_built(self)
+
+    def use(self, key_store: KeyStore, tracing: Tracing | None) -> None:
+        """The keys and tracing of the runtime requests are answered with now (a reload's)."""
+        self.key_store = key_store
+        self.tracing = tracing
 
     # ----- compiled at start -----------------------------------------------------------------
 
@@ -183,8 +186,6 @@ class FrontDoor(SpecMiddleware):
                         dialect=dialect,
                     ),
                 )
-        self.mounts.append(Mount(mount, translator))
-        self.mounts.sort(key=lambda m: len(m.prefix), reverse=True)
         self.documents.update(served_bodies(document, mount, keys_enforced=self.key_store.enabled))
         self.ui_prefixes = (*self.ui_prefixes, mount + UI_PATH)
 
@@ -253,13 +254,6 @@ class FrontDoor(SpecMiddleware):
         if methods is None:
             return None, params, None
         return methods.get(method), params, methods
-
-    def translator_for(self, path: str) -> OpenAIShaped:
-        """The dialect that renders an error for this path (the fallback off every mount)."""
-        for mount in self.mounts:
-            if not mount.prefix or path == mount.prefix or path.startswith(mount.prefix + "/"):
-                return mount.translator
-        return self.fallback
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -354,16 +348,15 @@ class FrontDoor(SpecMiddleware):
             )
             return await operation.handler(call)
         except GatewayError as error:
-            return self.error_response(translator or self.translator_for(path), error, request_id, record)
+            return self.error_response(
+                translator or self.error_dialects.translator_for(path), error, request_id, record
+            )
         except Exception:
             log.exception("request failed")
             failure = InternalError("The gateway failed to handle this request.")
-            return self.error_response(translator or self.translator_for(path), failure, request_id, record)
-
-    def edge_error(self, status: int, message: str, path: str) -> tuple[bytes, bytes]:
-        """An error the connection itself answers (gateway/edge.py), in the path's dialect."""
-        rendered = self.translator_for(path).error(error_for_status(status, message), "")
-        return rendered.json(), JSON_MEDIA_TYPE.encode()
+            return self.error_response(
+                translator or self.error_dialects.translator_for(path), failure, request_id, record
+            )
 
     @staticmethod
     def error_response(

@@ -6,7 +6,6 @@ as `chatgate serve --workers N` does) values live in shared files and /metrics a
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import (
@@ -27,16 +26,17 @@ from gateway.record import RequestRecord
 if TYPE_CHECKING:
     from gateway.router import Replica
 
-MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
 class Metrics:
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self) -> None:
+    def __init__(self, multiprocess: bool = False) -> None:
+        """`multiprocess`: PROMETHEUS_MULTIPROC_DIR is set (the settings' environment), and
+        prometheus_client adds up the workers' metrics through the files it keeps there."""
         self.registry = CollectorRegistry(auto_describe=True)
-        self.multiprocess = bool(os.environ.get(MULTIPROC_ENV))
+        self.multiprocess = multiprocess
         registry = self.registry
         if not self.multiprocess:  # the process's memory, CPU and open files (one process)
             ProcessCollector(registry=registry)

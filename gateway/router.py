@@ -179,13 +179,18 @@ def pool_size(backend: Backend) -> int | None:
 
 class Router:
     def __init__(
-        self, deployments: list[Deployment], kept: Mapping[str, LiveDeployment] | None = None
+        self,
+        deployments: list[Deployment],
+        kept: Mapping[str, LiveDeployment] | None = None,
+        proxy_environment: Mapping[str, str] | None = None,
     ) -> None:
         """`kept`: a previous router's deployments, reused where their config is unchanged (a
-        reload keeps their backends, pools and health)."""
+        reload keeps their backends, pools and health). `proxy_environment`: the proxy variables
+        (the settings' environment), for backends with `proxy: env`."""
         kept = kept or {}
+        proxies = proxy_environment or {}
         self.deployments = {
-            d.name: kept[d.name] if d.name in kept and kept[d.name].config == d else self.build(d)
+            d.name: kept[d.name] if d.name in kept and kept[d.name].config == d else self.build(d, proxies)
             for d in deployments
         }
         for live in self.deployments.values():
@@ -201,12 +206,12 @@ class Router:
         self.rng = random.Random()
 
     @staticmethod
-    def build(config: Deployment) -> LiveDeployment:
+    def build(config: Deployment, proxy_environment: Mapping[str, str]) -> LiveDeployment:
         replicas = []
         limits = config.max_concurrent()
         for (name, weight, options), limit in zip(config.replica_options(), limits, strict=True):
             try:
-                backend = create_backend(config.backend, config.served_model, options)
+                backend = create_backend(config.backend, config.served_model, options, proxy_environment)
             except (ValueError, TypeError, OSError, ImportError) as error:
                 raise ConfigError(
                     f"deployment {config.name!r}, replica {name!r}: the {config.backend} backend "

@@ -29,9 +29,14 @@ class Runtime:
         (deployments with their backends and health, the limit store and its counters, the
         metrics), so a reload loses no state."""
         self.settings = settings
+        multiprocess = settings.environment.metrics_dir is not None
         self.started: int = previous.started if previous else int(time.time())
-        self.router: Router = Router(settings.deployments, previous.router.deployments if previous else None)
-        self.metrics: Metrics = previous.metrics if previous else Metrics()
+        self.router: Router = Router(
+            settings.deployments,
+            previous.router.deployments if previous else None,
+            settings.environment.proxies,
+        )
+        self.metrics: Metrics = previous.metrics if previous else Metrics(multiprocess)
         self.keys = KeyStore(settings.keys, settings.keyed)
         same_store = previous is not None and previous.settings.rate_limits == settings.rate_limits
         self.limiter: Limiter = (
@@ -39,7 +44,9 @@ class Runtime:
         )
         same_tracing = previous is not None and previous.settings.tracing == settings.tracing
         self.tracing: Tracing | None = (
-            previous.tracing if previous is not None and same_tracing else create_tracing(settings.tracing)
+            previous.tracing
+            if previous is not None and same_tracing
+            else create_tracing(settings.tracing, settings.environment)
         )
         self.dispatcher = Dispatcher(self.metrics, self.router.rng, self.tracing)
         self.policy = Policy(settings, self.limiter)

@@ -34,6 +34,7 @@ import uvicorn
 from gateway.config import ConfigError, Settings
 from gateway.config_source import Source
 from gateway.config_watch import ConfigWatch
+from gateway.environment import METRICS_DIR
 from gateway.lifecycle import Lifecycle
 from gateway.policy.stores import split_between_workers
 
@@ -184,7 +185,7 @@ class GatewayServer(uvicorn.Server):
 def run_worker(options: ServeOptions, sock: socket.socket, supervisor: int | None = None) -> int:
     """One server process on a bound socket (in the process itself, or in a worker)."""
     from gateway.access_log import AccessLog
-    from gateway.app import create_app, front_door_of
+    from gateway.app import build_gateway
     from gateway.edge import Connections, EdgeProtocol
     from gateway.edge_writing import limit_unsent
     from gateway.log_sink import without_blocking
@@ -194,12 +195,12 @@ def run_worker(options: ServeOptions, sock: socket.socket, supervisor: int | Non
     settings = options.settings
     access_log = AccessLog.to(sys.stdout if options.access_log else None, settings.server.log_buffer_lines)
     try:
-        app = create_app(settings, access_log, lifecycle)
+        gateway = build_gateway(settings, access_log, lifecycle)
     except ConfigError as error:
         print(f"chatgate: {error}", file=sys.stderr, flush=True)
         return STARTUP_FAILURE
     # no log line may wait on its reader: a stalled stdout or stderr drops lines, counted
-    dropped = front_door_of(app).metrics.log_lines_dropped.inc
+    dropped = gateway.metrics.log_lines_dropped.inc
     if access_log.sink is not None:
         access_log.sink.on_drop = dropped
     loggers = [logging.getLogger(name) for name in ("", "uvicorn", "uvicorn.error", "uvicorn.access")]
@@ -208,12 +209,12 @@ def run_worker(options: ServeOptions, sock: socket.socket, supervisor: int | Non
         EdgeProtocol,
         limits=settings.server.clients,
         max_body_bytes=settings.server.max_body_bytes,
-        render_error=front_door_of(app).edge_error,
+        render_error=gateway.error_dialects.edge_error,
         shared=Connections(),
     )
     limit_unsent(sock, settings.server.clients)
     config = uvicorn.Config(
-        app,
+        gateway.app,
         log_config=None,  # configured above, once
         log_level=options.log_level,
         access_log=False,
@@ -269,13 +270,15 @@ class Supervisor:
     def run(self) -> int:
         from prometheus_client import multiprocess
 
-        from gateway.metrics import MULTIPROC_ENV
-
-        # prometheus_client adds up the workers' metrics through files in one folder
-        metrics_dir = os.environ.get(MULTIPROC_ENV)
+        # prometheus_client adds up the workers' metrics through files in one folder, which it
+        # finds in the environment: set here (the one write), the spawned workers inherit it
+        settings = self.options.settings
+        metrics_dir = settings.environment.metrics_dir
         own_dir = metrics_dir is None
         if own_dir:
-            metrics_dir = os.environ[MULTIPROC_ENV] = tempfile.mkdtemp(prefix="chatgate-metrics-")
+            metrics_dir = os.environ[METRICS_DIR] = tempfile.mkdtemp(prefix="chatgate-metrics-")
+            environment = dataclasses.replace(settings.environment, metrics_dir=metrics_dir)
+            self.options = dataclasses.replace(self.options, settings=settings.in_environment(environment))
         for sig in STOP_SIGNALS:
             signal.signal(sig, lambda *_: self.stopping.set())
         signal.signal(signal.SIGHUP, self.pass_on_sighup)
@@ -304,7 +307,7 @@ class Supervisor:
                 sock.close()
             if own_dir and metrics_dir is not None:
                 shutil.rmtree(metrics_dir, ignore_errors=True)
-                os.environ.pop(MULTIPROC_ENV, None)
+                os.environ.pop(METRICS_DIR, None)
 
     def follow_files(self) -> None:
         """Keep the settings a new worker gets as the workers keep theirs (each worker reloads on

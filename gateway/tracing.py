@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import random
 import threading
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from gateway.config import TracingSettings
 from gateway.core.trace import TRACEPARENT
+from gateway.environment import Environment
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer
@@ -45,13 +44,12 @@ GEN_AI_SYSTEMS = {
 }
 
 
-def wanted(settings: TracingSettings, environ: Mapping[str, str] = os.environ) -> bool:
-    exporter = environ.get("OTEL_TRACES_EXPORTER", "").strip().lower()
-    return settings.enabled or exporter not in ("", "none")
+def wanted(settings: TracingSettings, environment: Environment) -> bool:
+    return settings.enabled or environment.tracing_asked
 
 
 class Tracing:
-    def __init__(self, settings: TracingSettings) -> None:
+    def __init__(self, settings: TracingSettings, environment: Environment) -> None:
         from opentelemetry.propagators.textmap import DefaultGetter
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
@@ -60,9 +58,7 @@ class Tracing:
         from opentelemetry.trace import SpanKind
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-        resource = Resource.create(
-            {"service.name": os.environ.get("OTEL_SERVICE_NAME", settings.service_name)}
-        )
+        resource = Resource.create({"service.name": environment.service_name or settings.service_name})
         self.sample_ratio = settings.sample_ratio
         # sampled() has decided before a span is started: the SDK keeps what it is given
         # shut down by aclose(), bounded: the SDK's own exit hook waits on the exporter unbounded
@@ -181,5 +177,5 @@ class Tracing:
             await asyncio.wait_for(done, timeout)
 
 
-def create_tracing(settings: TracingSettings) -> Tracing | None:
-    return Tracing(settings) if wanted(settings) else None
+def create_tracing(settings: TracingSettings, environment: Environment) -> Tracing | None:
+    return Tracing(settings, environment) if wanted(settings, environment) else None

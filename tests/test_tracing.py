@@ -13,7 +13,7 @@ from asgi_lifespan import LifespanManager
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from gateway.app import create_app, front_door_of
+from gateway.app import build_gateway, create_app
 from gateway.config import Key, Settings, TracingSettings
 from gateway.policy.auth import new_key
 from tests.fault_upstream import FaultUpstream
@@ -25,7 +25,7 @@ TRACEPARENT = f"00-{PARENT_TRACE}-00f067aa0ba902b7-01"
 
 
 def traced_app(**settings: Any) -> tuple[Any, InMemorySpanExporter]:
-    app = create_app(
+    gateway = build_gateway(
         Settings.model_validate(
             {
                 "tracing": TracingSettings(enabled=True, exporter="none"),
@@ -35,8 +35,8 @@ def traced_app(**settings: Any) -> tuple[Any, InMemorySpanExporter]:
         )
     )
     exported = InMemorySpanExporter()
-    front_door_of(app).tracing.provider.add_span_processor(SimpleSpanProcessor(exported))
-    return app, exported
+    gateway.live.runtime.tracing.provider.add_span_processor(SimpleSpanProcessor(exported))
+    return gateway.app, exported
 
 
 def post(app: Any, body: dict, headers: dict[str, str] | None = None) -> httpx.Response:
@@ -54,7 +54,7 @@ def post(app: Any, body: dict, headers: dict[str, str] | None = None) -> httpx.R
 
 
 def test_tracing_is_off_by_default():
-    assert front_door_of(create_app(Settings())).tracing is None
+    assert build_gateway(Settings()).live.runtime.tracing is None
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -668,25 +668,43 @@ def test_network_options_are_checked_at_start(tmp_path: Path):
         NetworkOptions(ca_file=bad).ssl_context()
 
 
-def test_every_http_backend_takes_the_same_network_options(
-    authority: trustme.CA, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-):
+def test_every_http_backend_takes_the_same_network_options(authority: trustme.CA, tmp_path: Path):
     from backends.openai_compatible import OpenAICompatibleBackend
     from backends.tgi import TGIBackend
+    from gateway.config_source import load_settings
+    from gateway.router import Router
 
     ca_file = write_pem(tmp_path / "ca.pem", authority.cert_pem)
-    monkeypatch.setenv("HTTPS_PROXY", "http://corp-proxy:3128")
-    monkeypatch.setenv("NO_PROXY", "internal.example")
+    environ = {"HTTPS_PROXY": "http://corp-proxy:3128", "NO_PROXY": "internal.example"}
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "deployments:\n"
+        "  - {name: out, backend: openai-compatible, options: {base_url: 'https://api.example.com/v1'}}\n"
+        "  - {name: in, backend: tgi, options: {url: 'https://tgi.internal.example'}}\n"
+    )
+    settings = load_settings(config, environ)  # the environment, read once with the settings
+    router = Router(settings.deployments, None, settings.environment.proxies)
+    assert router.deployments["out"].replicas[0].backend.proxy == "http://corp-proxy:3128"  # type: ignore[attr-defined]
+    assert router.deployments["in"].replicas[0].backend.proxy is None  # type: ignore[attr-defined]
     backends = [
-        OpenAICompatibleBackend(model="m", base_url="https://api.example.com/v1", ca_file=str(ca_file)),
-        TGIBackend(url="https://api.example.com", ca_file=str(ca_file), connect=2),
+        OpenAICompatibleBackend(
+            model="m", base_url="https://api.example.com/v1", ca_file=str(ca_file), proxy_environment=environ
+        ),
+        TGIBackend(url="https://api.example.com", ca_file=str(ca_file), connect=2, proxy_environment=environ),
     ]
     for backend in backends:
-        assert backend.proxy == "http://corp-proxy:3128"  # `proxy: env`, read once at start
+        assert backend.proxy == "http://corp-proxy:3128"  # `proxy: env`, decided once at start
         assert backend.tls is not None and len(backend.tls.get_ca_certs()) == 1  # the private CA only
-    inside = OpenAICompatibleBackend(model="m", base_url="https://vllm.internal.example/v1")
+    inside = OpenAICompatibleBackend(
+        model="m", base_url="https://vllm.internal.example/v1", proxy_environment=environ
+    )
     assert inside.proxy is None  # NO_PROXY names it
-    assert OpenAICompatibleBackend(model="m", base_url="https://x/v1", proxy="none").proxy is None
+    assert (
+        OpenAICompatibleBackend(
+            model="m", base_url="https://x/v1", proxy="none", proxy_environment=environ
+        ).proxy
+        is None
+    )
 
 
 def test_through_the_gateway_behind_a_proxy_with_a_private_ca(
