@@ -99,9 +99,15 @@ async def released_when_done(limiter: Limiter, held: Reservation, events: EventS
             yield event
     finally:
         await events.aclose()
-        if not held.settled:
-            held.settled = True
-            await limiter.settle(held, used(held.accounts, None, None))
+        await release_unsettled(limiter, held)
+
+
+async def release_unsettled(limiter: Limiter, held: Reservation) -> None:
+    """Give back a reservation no answer settled (the request was refused, or its answer ended
+    without a usage); once settled, nothing."""
+    if not held.settled:
+        held.settled = True
+        await limiter.settle(held, used(held.accounts, None, None))
 
 
 class OutputFilter:

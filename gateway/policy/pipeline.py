@@ -33,9 +33,15 @@ from gateway.policy.admission_steps import (
     RateLimits,
     Route,
 )
-from gateway.policy.answer_steps import ChargeTokenLimits, Cost, OutputFilter, ReleaseUnsettled, SettleBudgets
+from gateway.policy.answer_steps import (
+    ChargeTokenLimits,
+    Cost,
+    OutputFilter,
+    ReleaseUnsettled,
+    SettleBudgets,
+    release_unsettled,
+)
 from gateway.policy.auth import Caller
-from gateway.policy.budgets import used
 from gateway.record import RequestRecord
 from gateway.router import LiveDeployment, Router
 
@@ -145,10 +151,8 @@ class Pipeline:
     async def release(self, admission: Admission) -> None:
         """Give back a budget reservation no answer will settle (the request was refused or
         ended before its answer began); once settled, nothing."""
-        held = admission.reservation
-        if held is not None and not held.settled:
-            held.settled = True
-            await self.policy.limiter.settle(held, used(held.accounts, None, None))
+        if admission.reservation is not None:
+            await release_unsettled(self.policy.limiter, admission.reservation)
 
     def answer(self, admission: Admission, generate: Callable[[OnUsage | None], EventStream]) -> EventStream:
         """The events `generate` gives, with the answer's steps: the usage steps run when the
