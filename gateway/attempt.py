@@ -158,6 +158,8 @@ class Attempt:
         self.span = self.start_span(tracing)
         self.events = replica.backend.generate(request)
         self.watchdog = Watchdog()
+        self.relayed = 0  # completion tokens passed on, while no usage has come
+        self.usage_seen = False
 
     def start_span(self, tracing: Tracing | None) -> Span | None:
         """A client span for this attempt, under the request's server span; the upstream gets its
@@ -180,36 +182,17 @@ class Attempt:
         return await self.watchdog.next(self.events, timeout, "time to first token")
 
     async def relay(self, first: Item | None) -> EventStream:
-        """The rest of a stream that has begun: idle and total timeouts, health verdict. An
-        answer that ends without its usage (the client gone, the upstream cut or timed out) is
-        charged what was relayed: the prompt as admission counted it, and the tokens passed on
-        (`delivered_tokens`)."""
-        idle = self.live.config.timeouts.idle
-        record, span, on_usage = self.record, self.span, self.on_usage
-        relayed = 0  # completion tokens passed on, while no usage has come
-        usage_seen = False
+        """The rest of a stream that has begun, passed on as it comes: idle and total timeouts,
+        health verdict. An answer that ends without its usage (the client gone, the upstream cut
+        or timed out) is charged what was relayed: the prompt as admission counted it, and the
+        tokens passed on (`delivered_tokens`)."""
         item = first
         clock = self.watchdog.loop.time
         turn_at = clock() + TURN_SECONDS
         try:
             while item is not None:
-                for event in item if isinstance(item, list) else (item,):
-                    if isinstance(event, TextDelta | RefusalDelta | ToolCallDelta):
-                        record.first_token()
-                        relayed += delivered_tokens(event)
-                    elif isinstance(event, Usage):
-                        usage_seen = True
-                        record.prompt_tokens = event.prompt_tokens
-                        record.completion_tokens = event.completion_tokens
-                        if span is not None:
-                            span.set_attributes(
-                                {
-                                    "gen_ai.usage.input_tokens": event.prompt_tokens,
-                                    "gen_ai.usage.output_tokens": event.completion_tokens,
-                                }
-                            )
-                        if on_usage is not None:
-                            await on_usage(event)
+                if (charging := self.noted(item)) is not None:
+                    await charging
                 yield item
                 if clock() >= turn_at:
                     # A backend with events ready (echo, a buffered upstream) and a client that
@@ -218,32 +201,88 @@ class Attempt:
                     # disconnect is heard (it cancels this task here).
                     await asyncio.sleep(0)
                     turn_at = clock() + TURN_SECONDS
-                remaining = self.deadline - time.monotonic()
-                if remaining <= 0:
-                    raise GatewayTimeout("The request took longer than its total time.", code="TotalTimeout")
-                what = "idle between chunks" if idle <= remaining else "total time"
-                item = await self.watchdog.next(self.events, min(idle, remaining), what)
-        except NOT_RETRIED as error:
-            await self.failed(error, verdict="none")
+                item = await self.following()
+        except BaseException as error:
+            await self.ended_by(error)
             raise
-        except RETRYABLE as error:
+        finally:
+            await self.charge_unseen()
+        self.succeeded()
+
+    async def rest(self, first: Item | None, take: Callable[[Item], None]) -> None:
+        """The whole of an answer that has begun (a request not streamed), handed to `take` item
+        by item in the request's own task (which may refuse more: an answer too large), under
+        the same timeouts and verdicts as `relay`."""
+        item = first
+        try:
+            while item is not None:
+                if (charging := self.noted(item)) is not None:
+                    await charging
+                take(item)
+                item = await self.following()
+        except BaseException as error:
+            await self.ended_by(error)
+            raise
+        finally:
+            await self.charge_unseen()
+        self.succeeded()
+
+    def noted(self, item: Item) -> Awaitable[None] | None:
+        """What an item passing on tells the record and the bill: the first token, the tokens
+        relayed, the usage (the charge for it, to await)."""
+        charging = None
+        for event in item if isinstance(item, list) else (item,):
+            if isinstance(event, TextDelta | RefusalDelta | ToolCallDelta):
+                self.record.first_token()
+                self.relayed += delivered_tokens(event)
+            elif isinstance(event, Usage):
+                self.usage_seen = True
+                self.record.prompt_tokens = event.prompt_tokens
+                self.record.completion_tokens = event.completion_tokens
+                if self.span is not None:
+                    self.span.set_attributes(
+                        {
+                            "gen_ai.usage.input_tokens": event.prompt_tokens,
+                            "gen_ai.usage.output_tokens": event.completion_tokens,
+                        }
+                    )
+                if self.on_usage is not None:
+                    charging = self.on_usage(event)
+        return charging
+
+    def following(self) -> Awaitable[Item | None]:
+        """The upstream's next item, within the idle timeout and what is left of the total."""
+        remaining = self.deadline - time.monotonic()
+        if remaining <= 0:
+            raise GatewayTimeout("The request took longer than its total time.", code="TotalTimeout")
+        idle = self.live.config.timeouts.idle
+        what = "idle between chunks" if idle <= remaining else "total time"
+        return self.watchdog.next(self.events, min(idle, remaining), what)
+
+    async def ended_by(self, error: BaseException) -> None:
+        """The answer, begun, ended in `error`: the replica's verdict and the upstream closed."""
+        if isinstance(error, NOT_RETRIED):
+            await self.failed(error, verdict="none")
+        elif isinstance(error, RETRYABLE):
             # the answer had begun: a replica that breaks off (or goes quiet) is to blame
             verdict = verdict_of(error)
             await self.failed(error, "failed-now" if verdict == "failed" else verdict)
-            raise
-        except GatewayError as error:
+        elif isinstance(error, GatewayError):
             self.span_failed(error)
             await self.abandon()
-            raise
-        except BaseException:  # the client went away (GeneratorExit, cancellation)
+        else:  # the client went away (GeneratorExit, cancellation)
             await self.abandon()
-            raise
-        finally:
-            if not usage_seen:  # closing just before the usage must not make the answer free
-                prompt_tokens = self.request.prompt_tokens
-                record.prompt_tokens, record.completion_tokens = prompt_tokens, relayed
-                if on_usage is not None:
-                    await on_usage(Usage(prompt_tokens, relayed))
+
+    async def charge_unseen(self) -> None:
+        """Closing just before the usage must not make the answer free: an answer that ended
+        without its usage is charged the prompt as admission counted it, and what was relayed."""
+        if not self.usage_seen:
+            prompt_tokens = self.request.prompt_tokens
+            self.record.prompt_tokens, self.record.completion_tokens = prompt_tokens, self.relayed
+            if self.on_usage is not None:
+                await self.on_usage(Usage(prompt_tokens, self.relayed))
+
+    def succeeded(self) -> None:
         self.watchdog.stop()
         self.replica.succeeded(time.monotonic() - self.begun)
         self.metrics.replica_health(self.live.name, self.replica)

@@ -8,6 +8,7 @@ from typing import Any
 
 from starlette.types import Receive
 
+from gateway.disconnect import ClientWatch
 from gateway.policy.auth import Caller
 from gateway.record import RequestRecord
 
@@ -19,6 +20,7 @@ class Call:
     caller: Caller
     record: RequestRecord
     receive: Receive  # to hear the client go away
+    client: ClientWatch | None = None  # the connection's watch, behind the gateway's edge
     body: Any = None  # the JSON body, valid for the operation's document
     query: dict[str, str] = field(default_factory=dict)
     path_params: dict[str, str] = field(default_factory=dict)

@@ -10,7 +10,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from gateway.attempt import NOT_RETRIED, RETRYABLE, Attempt, verdict_of
-from gateway.core.canonical import ChatRequest, EventStream, Usage
+from gateway.core.canonical import ChatRequest, EventStream, Item, Usage
 from gateway.core.errors import GatewayError, GatewayTimeout, ServiceUnavailable
 from gateway.metrics import Metrics
 from gateway.record import RequestRecord
@@ -113,7 +113,38 @@ class Dispatcher:
         record: RequestRecord,
         on_usage: Callable[[Usage], Awaitable[None]] | None = None,
     ) -> EventStream:
-        """The answer's events; `on_usage` hears the usage as it passes (to charge for it).
+        """A stream's events; `on_usage` hears the usage as it passes (to charge for it)."""
+        attempt, first = await self.started(deployment, request, record, on_usage)
+        try:
+            async for item in attempt.relay(first):
+                yield item
+        finally:
+            attempt.end_span()
+
+    async def complete(
+        self,
+        deployment: LiveDeployment,
+        request: ChatRequest,
+        record: RequestRecord,
+        take: Callable[[Item], None],
+        on_usage: Callable[[Usage], Awaitable[None]] | None = None,
+    ) -> None:
+        """A whole answer (a request not streamed), its items handed to `take` in the request's
+        own task: no generator between the backend's events and the handler."""
+        attempt, first = await self.started(deployment, request, record, on_usage)
+        try:
+            await attempt.rest(first, take)
+        finally:
+            attempt.end_span()
+
+    async def started(
+        self,
+        deployment: LiveDeployment,
+        request: ChatRequest,
+        record: RequestRecord,
+        on_usage: Callable[[Usage], Awaitable[None]] | None,
+    ) -> tuple[Attempt, Item | None]:
+        """The attempt that gave the answer's first event, and that event.
 
         Before the first event, a failed attempt is tried again elsewhere by what it says of the
         replica (`verdict_of`): busy → another replica, or the same after its Retry-After; down
@@ -135,24 +166,22 @@ class Dispatcher:
                     live, replica, request, record, deadline, self.metrics, self.tracing, on_usage
                 )
                 try:
-                    try:
-                        first = await attempt.first()
-                    except NOT_RETRIED as error:
-                        await attempt.failed(error, verdict="none")
-                        raise
-                    except RETRYABLE as error:
-                        await attempt.failed(error, verdict_of(error))
-                        tries.failed(error, live, replica)
-                        continue
-                    except BaseException:
-                        await attempt.abandon()
-                        raise
-                    tries.answered()
-                    async for event in attempt.relay(first):
-                        yield event
-                    return
-                finally:
+                    first = await attempt.first()
+                except NOT_RETRIED as error:
+                    await attempt.failed(error, verdict="none")
                     attempt.end_span()
+                    raise
+                except RETRYABLE as error:
+                    await attempt.failed(error, verdict_of(error))
+                    attempt.end_span()
+                    tries.failed(error, live, replica)
+                    continue
+                except BaseException:
+                    await attempt.abandon()
+                    attempt.end_span()
+                    raise
+                tries.answered()
+                return attempt, first
         if tries.last_error is not None:
             raise tries.failure(tries.last_error)
         raise ServiceUnavailable(

@@ -41,6 +41,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from gateway.config import ClientLimits
 from gateway.core.memory import release_free_memory
+from gateway.disconnect import SCOPE_KEY, ClientWatch
 from gateway.edge_writing import CloseDelimitedCycle, CoalescingTransport, unacknowledged
 
 log = logging.getLogger("chatgate.edge")
@@ -131,6 +132,7 @@ class EdgeProtocol(HttpToolsProtocol):
             self.past_cap = True
             shared.past_cap += 1
         self.accepted = True
+        self.client_watch = ClientWatch()
         super().connection_made(CoalescingTransport(transport, self.loop, self.watch_writing))  # type: ignore[arg-type]
         self.start_timer(self.limits.header_timeout, "a request")
 
@@ -143,6 +145,7 @@ class EdgeProtocol(HttpToolsProtocol):
         if self.flow.write_paused:  # it leaves an answer it did not take
             self.shared.release_memory_soon(self.loop)
         self.cancel_timer()
+        self.client_watch.lost()
         super().connection_lost(exc)
         if self.writing_timer is not None:
             self.writing_timer.cancel()
@@ -246,6 +249,7 @@ class EdgeProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self.scope["extensions"] = {SCOPE_KEY: self.client_watch}  # type: ignore[dict-item]
         self.header_bytes = 0
         self.expectation = None
         self.in_headers = True

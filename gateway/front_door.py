@@ -41,6 +41,7 @@ from gateway.core.errors import (
 )
 from gateway.core.ids import new_request_id
 from gateway.dialects.shape import OpenAIShaped
+from gateway.disconnect import client_watch
 from gateway.error_dialects import ErrorDialects
 from gateway.metrics import Metrics
 from gateway.policy.auth import ANONYMOUS, KeyStore, Scheme, authenticate, schemes_of
@@ -342,6 +343,7 @@ class FrontDoor(SpecMiddleware):
                 caller=caller,
                 record=record or RequestRecord(request_id.decode(), scope["method"], path),
                 receive=receive,
+                client=client_watch(scope),
                 body=body,
                 query=query,
                 path_params=path_params,

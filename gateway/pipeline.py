@@ -26,11 +26,11 @@ from gateway.core.canonical import (
     ChatRequest,
     Event,
     EventStream,
+    Folded,
     Item,
     ServedBy,
     TextDelta,
     answer_too_large,
-    gather,
 )
 from gateway.core.errors import ClientGone, GatewayError, InternalError
 from gateway.core.ids import random_hex
@@ -104,7 +104,6 @@ class ChatPipeline:
 
     async def respond(self, call: Call, request: ChatRequest, admission: Admission) -> Response:
         translator, runtime = self.translator, self.runtime
-        events = runtime.generate(admission, request, call.record)
         answer = Answer(
             id=translator.id_prefix + random_hex(),
             created=int(time.time()),
@@ -112,10 +111,15 @@ class ChatPipeline:
             request=request,
         )
         if not request.stream:
-            completion = await unless_client_leaves(gather(events, self.max_response_bytes), call.receive)
+            whole = Folded(self.max_response_bytes)  # refuses an answer past the limit as it grows
+            await unless_client_leaves(
+                runtime.complete(admission, request, call.record, whole.add_item), call.receive, call.client
+            )
+            completion = whole.completion()
             response = Response(orjson.dumps(translator.completion(answer, completion)), media_type=JSON)
             response.raw_headers += admission.headers
             return response
+        events = runtime.generate(admission, request, call.record)
         # Hold the 200 until the first token: until then every failure is still an HTTP error
         # in the dialect's shape (a role-only first chunk or a keep-alive would have sent the
         # 200 and left the failure to an error event). Past the hold (for clients behind idle
@@ -125,7 +129,7 @@ class ChatPipeline:
         timeouts = admission.deployment.config.timeouts
         hold = timeouts.headers if framing.keepalive else None
         try:
-            await unless_client_leaves(until_started(first, hold, call.record), call.receive)
+            await unless_client_leaves(until_started(first, hold, call.record), call.receive, call.client)
         except ClientGone:
             first.cancel()
             with contextlib.suppress(BaseException):

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 from starlette.types import Receive
 
 from gateway.config import Settings
-from gateway.core.canonical import ChatRequest, EventStream
+from gateway.core.canonical import ChatRequest, EventStream, Item
 from gateway.dispatch import Dispatcher
 from gateway.metrics import Metrics
 from gateway.policy.admission import Admission, Policy
@@ -98,6 +98,18 @@ class Runtime:
         dispatcher, deployment = self.dispatcher, admission.deployment
         return self.pipeline.answer(
             admission, lambda on_usage: dispatcher.events(deployment, request, record, on_usage)
+        )
+
+    def complete(
+        self, admission: Admission, request: ChatRequest, record: RequestRecord, take: Callable[[Item], None]
+    ) -> Awaitable[None]:
+        """A whole answer (a request not streamed), handed to `take` item by item, with the
+        answer's policy steps."""
+        dispatcher, deployment = self.dispatcher, admission.deployment
+        return self.pipeline.complete(
+            admission,
+            lambda taking, on_usage: dispatcher.complete(deployment, request, record, taking, on_usage),
+            take,
         )
 
     def release(self, admission: Admission) -> Awaitable[None]:

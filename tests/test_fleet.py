@@ -59,6 +59,7 @@ def gateway(upstream: FaultUpstream, tmp_path_factory, log_dir: Path) -> Iterato
         # the 200 held until the first token (default hold, 10 s): a failure before it is a status
         deployment("stall-held", [u("stall")], health=never_eject, retries={"attempts": 1},
                    timeouts={"first_token": 1.5}),
+        deployment("stall-long", [u("stall")], health=never_eject, retries={"attempts": 1}),
         deployment("role-then-reset", [u("role-then-reset")], health=never_eject, retries={"attempts": 1}),
         deployment("stall-mid", [u("stall-mid")], health=never_eject, timeouts={"idle": 1.0}),
         deployment("stall-mid-long", [u("stall-mid")], health=never_eject, timeouts={"idle": 60.0}),
@@ -262,6 +263,26 @@ def test_a_client_that_goes_away_mid_stream_is_noticed_and_the_upstream_hung_up_
         time.sleep(0.05)
     assert upstream.answering["stall-mid"] == 0
     assert metrics(gateway)["chatgate_requests_in_flight"] == 0
+
+
+def test_a_client_that_gives_up_on_an_answer_not_streamed_is_heard_at_once(gateway, upstream):
+    """The edge's watch of the connection (issue 30): the client leaves 0.3 s into a request
+    whose upstream says nothing (its first-token timeout is 60 s): the gateway hangs up on the
+    upstream at once, and the request is over (counted as 499)."""
+    body = {"model": "stall-long", "messages": USER}
+    before = upstream.counts["stall"]
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{gateway}{URLS['openai']}", json=body, timeout=httpx.Timeout(5, read=0.3))
+    assert upstream.counts["stall"] == before + 1
+    left = time.monotonic()
+    while upstream.answering["stall"] and time.monotonic() - left < 5:
+        time.sleep(0.01)
+    assert upstream.answering["stall"] == 0
+    assert time.monotonic() - left < 1.0
+    figures = metrics(gateway)
+    assert figures["chatgate_requests_in_flight"] == 0
+    counted = {name: value for name, value in figures.items() if "stall-long" in name}
+    assert [v for name, v in counted.items() if name.startswith("chatgate_requests_total") and '"499"' in name] == [1]
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)

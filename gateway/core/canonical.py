@@ -262,15 +262,9 @@ def mark_last_text(events: list[Event]) -> list[Event]:
 async def gather(items: AsyncIterator[Item], max_bytes: int | None = None) -> Completion:
     """Fold a backend's event stream into a whole completion, refusing to hold more than
     about `max_bytes` of it."""
-    folded = Folded()
-    size = 0
+    folded = Folded(max_bytes)
     async for item in items:
-        for event in each(item):
-            if max_bytes is not None:
-                size += rendered_size(event)
-                if size > max_bytes:
-                    raise answer_too_large(max_bytes)
-            folded.add(event)
+        folded.add_item(item)
     return folded.completion()
 
 
@@ -278,9 +272,11 @@ class Folded:
     """A completion being gathered, event by event: a choice for each index the events name,
     none other (a choice nothing was said of is not invented)."""
 
-    __slots__ = ("choices", "refusals", "served", "texts", "usage")
+    __slots__ = ("choices", "max_bytes", "refusals", "served", "size", "texts", "usage")
 
-    def __init__(self) -> None:
+    def __init__(self, max_bytes: int | None = None) -> None:
+        self.max_bytes = max_bytes
+        self.size = 0
         self.choices: dict[int, Choice] = {}
         self.texts: dict[int, list[str]] = {}
         self.refusals: dict[int, list[str]] = {}
@@ -293,6 +289,14 @@ class Folded:
             choice = self.choices[index] = Choice(index=index)
             self.texts[index] = []
         return choice
+
+    def add_item(self, item: Item) -> None:
+        for event in item if isinstance(item, list) else (item,):
+            if self.max_bytes is not None:
+                self.size += rendered_size(event)
+                if self.size > self.max_bytes:
+                    raise answer_too_large(self.max_bytes)
+            self.add(event)
 
     def add(self, event: Event) -> None:
         match event:

@@ -6,13 +6,15 @@ it to do: every layer costs something on every chunk."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 
-from gateway.core.canonical import EventStream, Usage
+from gateway.core.canonical import EventStream, Item, Usage
 from gateway.policy.admission import Admission, Policy
 from gateway.policy.budgets import Reservation, used
 from gateway.policy.limits import Limiter
 from gateway.router import LiveDeployment
+
+Take = Callable[[Item], None]  # takes a whole answer's items, one by one
 
 
 class Cost:
@@ -92,6 +94,9 @@ class ReleaseUnsettled:
         held = admission.reservation
         return events if held is None else released_when_done(self.limiter, held, events)
 
+    def taking(self, admission: Admission, take: Take) -> Take:
+        return take  # a whole answer's reservation is released where it is awaited
+
 
 async def released_when_done(limiter: Limiter, held: Reservation, events: EventStream) -> EventStream:
     try:
@@ -122,6 +127,10 @@ class OutputFilter:
 
     def __init__(self, policy: Policy, live: LiveDeployment) -> None:
         self.screen = policy.content_filter.screen
+        self.screening = policy.content_filter.screening
 
     def wrap(self, admission: Admission, events: EventStream) -> EventStream:
         return self.screen(events)
+
+    def taking(self, admission: Admission, take: Take) -> Take:
+        return self.screening(take)

@@ -7,12 +7,14 @@ completion that trips it ends with finish_reason `content_filter`, cut before th
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 from gateway.config import ContentFilter, FilterRules
 from gateway.core.canonical import (
     Event,
     EventStream,
     Finish,
+    Item,
     RefusalDelta,
     TextDelta,
     ToolCallDelta,
@@ -48,6 +50,18 @@ class Filter:
         async for item in items:
             if screened := [out for event in each(item) for out in self.screened(event, seen, stopped)]:
                 yield screened
+
+    def screening(self, take: Callable[[Item], None]) -> Callable[[Item], None]:
+        """`take`, handed a whole answer's items through the output rules."""
+        assert self.output is not None, "screening() only when there are output rules"
+        seen: dict[int, str] = {}
+        stopped: set[int] = set()
+
+        def screened_take(item: Item) -> None:
+            if screened := [out for event in each(item) for out in self.screened(event, seen, stopped)]:
+                take(screened)
+
+        return screened_take
 
     def screened(self, event: Event, seen: dict[int, str], stopped: set[int]) -> list[Event]:
         """One event through the output rules: as it is, cut short, or not at all."""

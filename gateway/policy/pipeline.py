@@ -19,7 +19,7 @@ from typing import Protocol, TypeVar
 
 from starlette.types import Receive
 
-from gateway.core.canonical import ChatRequest, EventStream, Usage
+from gateway.core.canonical import ChatRequest, EventStream, Item, Usage
 from gateway.policy.admission import Admission, Policy
 from gateway.policy.admission_steps import (
     Budgets,
@@ -57,10 +57,13 @@ class UsageStep(Protocol):
 class StreamStep(Protocol):
     def wrap(self, admission: Admission, events: EventStream) -> EventStream: ...
 
+    def taking(self, admission: Admission, take: Take) -> Take: ...
+
 
 Step = TypeVar("Step", covariant=True)
 Built = TypeVar("Built")
 OnUsage = Callable[[Usage], Awaitable[None]]
+Take = Callable[[Item], None]  # takes a whole answer's items, one by one
 
 
 class StepKind(Protocol[Step]):
@@ -162,6 +165,22 @@ class Pipeline:
         for step in steps.stream:
             events = step.wrap(admission, events)
         return events
+
+    async def complete(
+        self, admission: Admission, complete: Callable[[Take, OnUsage | None], Awaitable[None]], take: Take
+    ) -> None:
+        """The whole answer `complete` hands over item by item (a request not streamed) to
+        `take`, with the answer's steps: the usage steps run when the usage passes, the stream
+        steps see each item before `take`; a reservation no usage settled is released however
+        it ends."""
+        steps = self.steps[admission.deployment.name]
+        for step in reversed(steps.stream):
+            take = step.taking(admission, take)
+        try:
+            await complete(take, usage_handler(steps.usage, admission) if steps.usage else None)
+        finally:
+            if admission.reservation is not None:
+                await self.release(admission)
 
 
 def usage_handler(steps: list[UsageStep], admission: Admission) -> OnUsage:
