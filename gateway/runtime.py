@@ -12,7 +12,7 @@ from starlette.types import Receive
 from gateway.config import Settings
 from gateway.core.canonical import ChatRequest, EventStream, Item
 from gateway.dispatch import Dispatcher
-from gateway.metrics import Metrics
+from gateway.metrics import Metrics, metrics_for
 from gateway.policy.admission import Admission, Policy
 from gateway.policy.auth import Caller, KeyStore
 from gateway.policy.limits import Limiter
@@ -36,7 +36,7 @@ class Runtime:
             previous.router.deployments if previous else None,
             settings.environment.proxies,
         )
-        self.metrics: Metrics = previous.metrics if previous else Metrics(multiprocess)
+        self.metrics: Metrics = previous.metrics if previous else metrics_for(multiprocess)
         self.keys = KeyStore(settings.keys, settings.keyed)
         same_store = previous is not None and previous.settings.rate_limits == settings.rate_limits
         self.limiter: Limiter = (

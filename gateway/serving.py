@@ -200,7 +200,7 @@ def run_worker(options: ServeOptions, sock: socket.socket, supervisor: int | Non
         print(f"chatgate: {error}", file=sys.stderr, flush=True)
         return STARTUP_FAILURE
     # no log line may wait on its reader: a stalled stdout or stderr drops lines, counted
-    dropped = gateway.metrics.log_lines_dropped.inc
+    dropped = gateway.metrics.log_line_dropped
     if access_log.sink is not None:
         access_log.sink.on_drop = dropped
     loggers = [logging.getLogger(name) for name in ("", "uvicorn", "uvicorn.error", "uvicorn.access")]

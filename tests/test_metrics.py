@@ -100,3 +100,50 @@ def test_a_stream_that_fails_is_recorded_as_failed(tmp_path, log_dir):
     log = max(log_dir.glob("gateway-*.log"), key=lambda p: p.stat().st_mtime).read_text()
     records = [orjson.loads(line) for line in log.splitlines() if line.startswith('{"ts"')]
     assert records[-1]["status"] == 200 and records[-1]["error"] == "UpstreamTimeout"
+
+
+def test_the_plain_numbers_show_what_prometheus_clients_metrics_show():
+    """One process keeps plain numbers and renders them when scraped; several keep
+    prometheus_client's metrics. The same requests read the same in both (the histograms'
+    `_created` aside, which the plain numbers do not keep)."""
+    from prometheus_client import generate_latest
+
+    from gateway.metrics import PlainNumbers, SharedFiles
+    from gateway.record import RequestRecord
+
+    class Replica:
+        name, healthy = "r0", False
+
+    def record(status: int, deployment: str | None, **fields) -> RequestRecord:
+        found = RequestRecord("id", "POST", "/v1/chat/completions", dialect="openai")
+        found.status, found.deployment = status, deployment
+        for name, value in fields.items():
+            setattr(found, name, value)
+        return found
+
+    plain, shared = PlainNumbers(), SharedFiles()
+    for metrics in (plain, shared):
+        for seconds in (0.0005, 0.003, 0.003, 0.2, 7.0, 500.0):
+            metrics.started()
+            metrics.finished(record(200, "a", prompt_tokens=3, completion_tokens=9, cost=0.25), seconds)
+        metrics.started()
+        metrics.finished(record(429, "a", key="k", error_code="RateLimited", rate_limited="tokens"), 0.001)
+        metrics.started()  # still in flight
+        metrics.retry("a")
+        metrics.panic("a")
+        metrics.waiting("a", +1)
+        metrics.replica_health("a", Replica())
+        metrics.log_line_dropped()
+
+    def samples(text: bytes) -> list[str]:
+        return sorted(
+            line
+            for line in text.decode().splitlines()
+            if line.startswith(("chatgate_", "gen_ai_")) and "_created" not in line
+        )
+
+    shown = samples(plain.exposition())
+    assert shown == samples(generate_latest(shared.registry))
+    assert 'chatgate_requests_total{deployment="a",dialect="openai",key="none",status="200"} 6.0' in shown
+    assert 'chatgate_request_duration_seconds_bucket{deployment="a",dialect="openai",le="0.005"} 4.0' in shown
+    assert "chatgate_requests_in_flight 1.0" in shown
