@@ -157,10 +157,17 @@ class Dispatcher:
         chain = deployment.chain()
         for live in chain:
             while tries.left:
-                replica = await self.replica_for(live, tries, live is chain[-1])
+                last_resort = live is chain[-1]
+                # at once when a replica has room and nobody waits (no coroutine for the rest)
+                replica = (
+                    self.choose(live, tries.tried, tries.never_again, last_resort) if not live.queue else None
+                )
                 if replica is None:
-                    break
-                await tries.wait_if_busy(replica)
+                    replica = await self.replica_for(live, tries, last_resort)
+                    if replica is None:
+                        break
+                if tries.busy_until:
+                    await tries.wait_if_busy(replica)
                 tries.begin(replica)
                 attempt = Attempt(
                     live, replica, request, record, deadline, self.metrics, self.tracing, on_usage
