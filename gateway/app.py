@@ -26,8 +26,8 @@ from gateway.call import Call
 from gateway.config import Settings
 from gateway.core.errors import NotFound
 from gateway.core.memory import return_large_blocks
-from gateway.dialects import DIALECTS
 from gateway.dialects.dialect import Dialect
+from gateway.dialects.registry import DIALECTS
 from gateway.dialects.shape import DocumentFacts, OpenAIShaped
 from gateway.error_dialects import ErrorDialects
 from gateway.front_door import FrontDoor, Handler

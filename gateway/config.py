@@ -21,6 +21,7 @@ from pydantic import (
 
 from backends.base import BACKEND_KINDS
 from gateway.core.options import ConfigError, Strict, describe, from_file, one_of
+from gateway.dialects import DEFAULT_MOUNTS
 from gateway.environment import Environment
 
 ExtraParamsPolicy = Literal["pass-through", "drop", "error"]
@@ -35,19 +36,15 @@ def normalised_mount(value: str | None) -> str | None:
 
 
 def default_mounts() -> dict[str, str | None]:
-    from gateway.dialects import DIALECTS
-
-    return {name: dialect.default_mount for name, dialect in DIALECTS.items()}
+    return dict(DEFAULT_MOUNTS)
 
 
 def mounts_schema() -> dict[str, Any]:
-    from gateway.dialects import DIALECTS
-
     return {
         "description": 'Base path of each dialect; "/" puts it at the root, null leaves it unmounted.',
         "properties": {
-            name: {"anyOf": [{"type": "string"}, {"type": "null"}], "default": dialect.default_mount}
-            for name, dialect in DIALECTS.items()
+            name: {"anyOf": [{"type": "string"}, {"type": "null"}], "default": mount}
+            for name, mount in DEFAULT_MOUNTS.items()
         },
         "additionalProperties": False,
     }

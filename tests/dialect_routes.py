@@ -8,7 +8,7 @@ from functools import cache
 from typing import Any
 
 from gateway.config import Settings
-from gateway.dialects import DIALECTS
+from gateway.dialects.registry import DIALECTS
 from gateway.spec import load_document, resolve
 
 

@@ -6,7 +6,7 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 
 from gateway.config import Settings
-from gateway.dialects import DIALECTS
+from gateway.dialects.registry import DIALECTS
 from gateway.spec import load_document
 from gateway.tools.conformance_schema import for_schemathesis, register_json_lines
 

@@ -13,7 +13,7 @@ from schemathesis.specs.openapi.checks import (
 
 from gateway.app import create_app
 from gateway.config import Settings
-from gateway.dialects import DIALECTS
+from gateway.dialects.registry import DIALECTS
 from gateway.spec import load_document
 from tests.schemathesis_setup import dialect_schema, dialect_tests
 

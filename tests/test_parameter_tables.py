@@ -26,7 +26,7 @@ from gateway.core.canonical import ChatRequest
 from gateway.core.errors import UnprocessableContent
 from gateway.core.parameters import BY_NAME, CATALOGUE, canonical_name
 from gateway.core.parameters import HANDLED as GATEWAY_HANDLED
-from gateway.dialects import DIALECTS
+from gateway.dialects.registry import DIALECTS
 from gateway.spec import DialectSpec, load_document
 from tests.tgi_server import TGIStandIn, running_tgi
 

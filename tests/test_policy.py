@@ -12,7 +12,7 @@ import httpx
 import pytest
 import yaml
 
-from gateway.dialects import DIALECTS as REGISTRY
+from gateway.dialects.registry import DIALECTS as REGISTRY
 from gateway.policy.auth import new_key
 from gateway.spec import DialectSpec, load_document
 from tests.dialect_routes import ChatRoute, main_routes

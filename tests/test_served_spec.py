@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from gateway.config import Settings
-from gateway.dialects import DIALECTS
+from gateway.dialects.registry import DIALECTS
 from gateway.policy.auth import new_key
 from gateway.spec import load_document
 from tests.servers import ROOT, running_gateway

@@ -1,13 +1,14 @@
 """The README's recipe for a sixth dialect holds: in a copy of the tree, a throwaway dialect made
-from a copy of an existing document — its document, its translator module, one registry entry,
-and what the generators write; no test table edited — passes the suite's table-driven tests and
-the type check, and is served at its own mount.
+from a copy of an existing document — its document, its translator module, one line in the data
+registry, and what the generators write; no test table edited — changes those files only, passes
+the suite's table-driven tests and the type check, and is served at its own mount.
 
 The copy is `vllm`: OVMS's document under another name, at `/vllm`, with OVMS's translator.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 import shutil
 import subprocess
@@ -21,6 +22,16 @@ from tests.servers import ROOT, free_port, wait_until_healthy
 
 TREE = ("backends", "gateway", "generated", "openapi", "tests", "docs", "pyproject.toml", "README.md")
 
+CACHES = ("__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache")
+REGISTRY = Path("gateway/dialects/__init__.py")
+RECIPE_FILES = {  # all that the recipe touches (its tests: none, it behaves as OVMS does)
+    "openapi/vllm.yaml",
+    "gateway/dialects/vllm.py",
+    REGISTRY.as_posix(),
+    "generated/vllm.py",
+    "docs/config.schema.json",
+}
+
 TRANSLATOR_MODULE = '''"""vLLM's chat completions: OVMS's shape at a mount of its own (throwaway)."""
 
 from gateway.dialects.dialect import Dialect
@@ -29,7 +40,6 @@ from gateway.dialects.ovms import OVMSTranslator
 DIALECT = Dialect(
     name="vllm",
     document="vllm.yaml",
-    default_mount="/vllm",
     translator=OVMSTranslator,
     chat_operations=("createChatCompletion",),
     screens_media=True,
@@ -50,7 +60,7 @@ def run(command: list[str], cwd: Path, timeout: float = 600) -> subprocess.Compl
 def copy_with_a_sixth_dialect(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tree = tmp_path_factory.mktemp("sixth") / "chatgate"
     tree.mkdir()
-    ignore = shutil.ignore_patterns("__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache")
+    ignore = shutil.ignore_patterns(*CACHES)
     for name in TREE:
         if (ROOT / name).is_dir():
             shutil.copytree(ROOT / name, tree / name, ignore=ignore)
@@ -60,19 +70,40 @@ def copy_with_a_sixth_dialect(tmp_path_factory: pytest.TempPathFactory) -> Path:
     shutil.copy2(ROOT / "openapi" / "ovms.yaml", tree / "openapi" / "vllm.yaml")
     # 2. its translator module
     (tree / "gateway" / "dialects" / "vllm.py").write_text(TRANSLATOR_MODULE)
-    # 3. one entry in the registry
-    registry = tree / "gateway" / "dialects" / "__init__.py"
+    # 3. one line in the registry (data: its name and default mount)
+    registry = tree / REGISTRY
     text = registry.read_text()
-    text = text.replace("lmi, openai, ovms\n", "lmi, openai, ovms, vllm\n", 1)
-    text = text.replace("ovms.DIALECT)", "ovms.DIALECT, vllm.DIALECT)", 1)
-    assert "vllm.DIALECT" in text and ", vllm\n" in text, "the registry's shape changed: update the recipe"
-    registry.write_text(text)
+    last = '    "ovms": "/v3",\n'
+    assert text.count(last) == 1, "the registry's shape changed: update the recipe"
+    registry.write_text(text.replace(last, last + '    "vllm": "/vllm",\n'))
     # 4. what the generators write: the types and the configuration's schema
     run([sys.executable, "-m", "gateway.tools.codegen"], tree)
     schema = run([sys.executable, "-m", "gateway", "config", "schema"], tree).stdout
     (tree / "docs" / "config.schema.json").write_text(schema)
     assert (tree / "generated" / "vllm.py").is_file()
     return tree
+
+
+def changed_files(tree: Path) -> set[str]:
+    """The files of the copy that are new or differ from this tree's (caches aside)."""
+    changed = set()
+    for path in tree.rglob("*"):
+        relative = path.relative_to(tree)
+        if path.is_dir() or any(part in CACHES for part in relative.parts):
+            continue
+        original = ROOT / relative
+        if not original.is_file() or original.read_bytes() != path.read_bytes():
+            changed.add(relative.as_posix())
+    return changed
+
+
+def test_it_takes_five_files_and_one_registry_line(copy_with_a_sixth_dialect: Path):
+    tree = copy_with_a_sixth_dialect
+    assert changed_files(tree) == RECIPE_FILES
+    diff = difflib.ndiff(
+        (ROOT / REGISTRY).read_text().splitlines(), (tree / REGISTRY).read_text().splitlines()
+    )
+    assert [line for line in diff if line[:1] in "+-"] == ['+     "vllm": "/vllm",']
 
 
 def test_the_suite_tables_cover_it_without_an_edit(copy_with_a_sixth_dialect: Path):

@@ -7,7 +7,7 @@ import importlib
 import pytest
 from openapi_spec_validator import validate
 
-from gateway.dialects import DIALECTS
+from gateway.dialects.registry import DIALECTS
 from gateway.spec import load_document
 from gateway.tools.codegen import stale_files
 

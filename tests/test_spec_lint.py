@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway.dialects import DIALECTS
+from gateway.dialects.registry import DIALECTS
 from tests.servers import ROOT
 
 RULESET = ROOT / ".spectral.yaml"

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from gateway.app import create_app
 from gateway.config import Settings
 from gateway.core.parameters import BY_SPELLING
-from gateway.dialects import DIALECTS
+from gateway.dialects.registry import DIALECTS
 from gateway.spec import DialectSpec, load_document
 from tests.dialect_routes import ChatRoute, chat_routes
 from tests.documents import response_errors

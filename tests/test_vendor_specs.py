@@ -37,7 +37,8 @@ import orjson
 import pytest
 import yaml
 
-from gateway.dialects import DIALECTS
+from gateway.dialects import DEFAULT_MOUNTS
+from gateway.dialects.registry import DIALECTS
 from gateway.front_door import template_pattern
 from gateway.policy.auth import new_key
 from gateway.spec import load_document
@@ -62,7 +63,6 @@ CHAT_PATHS = {
     "ovms": "/v3/chat/completions",
 }
 SPEC_FILES = {name: dialect.document for name, dialect in DIALECTS.items()}
-MOUNTS = {name: dialect.default_mount for name, dialect in DIALECTS.items()}
 VENDOR_DIALECTS = [name for name in CHAT_PATHS if name in VENDOR_DOCUMENTS]
 TOOLS = [
     {
@@ -150,8 +150,8 @@ class Case:
     def document_path(self) -> tuple[str, str]:
         """(method, path) of the operation in the dialect's document."""
         method, path, _ = self.request()
-        path = path.split("?")[0].removeprefix(MOUNTS[self.dialect])
-        chat = CHAT_PATHS[self.dialect].split("?")[0].removeprefix(MOUNTS[self.dialect])
+        path = path.split("?")[0].removeprefix(DEFAULT_MOUNTS[self.dialect])
+        chat = CHAT_PATHS[self.dialect].split("?")[0].removeprefix(DEFAULT_MOUNTS[self.dialect])
         documented = next(
             (p for p in documented_paths(self.dialect) if template_pattern(p).match(path)), path
         )

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.dialects import DIALECTS
+from gateway.dialects.registry import DIALECTS
 from tests.dialect_routes import main_routes
 from tests.servers import AZURE_API_VERSION, CHAT_PATHS, ROOT, free_port, wait_until_healthy
 

@@ -1,12 +1,16 @@
-"""The dialects, registered in one place: a new one is its document in openapi/, its module
-here (translator and operations) and one line below."""
+"""The dialects, registered in one place and as data only: each one's name and where it mounts
+by default, one line a dialect. Its code is found by convention (`gateway.dialects.<name>`
+declares `DIALECT`) and loaded by `gateway.dialects.registry`, so the configuration validates
+the mounts against this table without importing a translator.
 
-from gateway.dialects import aleph_alpha, azure, lmi, openai, ovms
-from gateway.dialects.dialect import Dialect
+A new dialect is its document in openapi/, its module here and one line below."""
 
-DIALECTS: dict[str, Dialect] = {
-    dialect.name: dialect
-    for dialect in (openai.DIALECT, azure.DIALECT, aleph_alpha.DIALECT, lmi.DIALECT, ovms.DIALECT)
+DEFAULT_MOUNTS: dict[str, str] = {
+    "openai": "/v1",
+    "azure": "/azure",
+    "aleph_alpha": "/aleph-alpha",
+    "lmi": "/lmi",
+    "ovms": "/v3",
 }
 
-__all__ = ["DIALECTS", "Dialect"]
+__all__ = ["DEFAULT_MOUNTS"]

@@ -168,7 +168,6 @@ def operations(runtime: ModelDirectory, translator: OpenAIShaped) -> dict[str, H
 DIALECT = Dialect(
     name="aleph_alpha",
     document="aleph_alpha.yaml",
-    default_mount="/aleph-alpha",
     translator=AlephAlphaTranslator,
     chat_operations=("createChatCompletion",),
     operations=operations,

@@ -207,7 +207,6 @@ def operations(runtime: ModelDirectory, translator: OpenAIShaped) -> dict[str, H
 DIALECT = Dialect(
     name="azure",
     document="azure.yaml",
-    default_mount="/azure",
     translator=AzureTranslator,
     chat_operations=("getChatCompletions",),
     operations=operations,

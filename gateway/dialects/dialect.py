@@ -1,5 +1,6 @@
-"""A dialect as the gateway registers it: its document, its translator, where it mounts by
-default, which operations the chat pipeline answers and the handlers of the others."""
+"""A dialect's code as the gateway loads it: its document, its translator, which operations the
+chat pipeline answers and the handlers of the others (where it mounts by default is data, in
+the registry `gateway.dialects`)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from starlette.responses import Response
 from gateway.dialects.shape import OpenAIShaped
 
 # What a dialect's own operations (models, info, ping) may see of the gateway, as protocols: a
-# dialect module imports no part of the runtime, so the registry that the configuration reads
-# stands below everything that serves (gateway.call.Call and gateway.runtime.Runtime fit these).
+# dialect module imports no part of the runtime, so the dialects' code stands below everything
+# that serves (gateway.call.Call and gateway.runtime.Runtime fit these).
 
 
 class KeyHolder(Protocol):
@@ -65,7 +66,6 @@ def no_operations(directory: ModelDirectory, translator: OpenAIShaped) -> dict[s
 class Dialect:
     name: str
     document: str  # its file in openapi/
-    default_mount: str
     translator: type[OpenAIShaped]
     chat_operations: tuple[str, ...]  # the operationIds the chat pipeline answers
     # the handlers of its other operations, by operationId

@@ -155,7 +155,6 @@ def operations(runtime: ModelDirectory, translator: OpenAIShaped) -> dict[str, H
 DIALECT = Dialect(
     name="lmi",
     document="lmi.yaml",
-    default_mount="/lmi",
     translator=LMITranslator,
     chat_operations=("createChatCompletion", "invocations"),
     operations=operations,

@@ -144,7 +144,6 @@ def operations(runtime: ModelDirectory, translator: OpenAIShaped) -> dict[str, H
 DIALECT = Dialect(
     name="openai",
     document="openai.yaml",
-    default_mount="/v1",
     translator=OpenAITranslator,
     chat_operations=("createChatCompletion",),
     operations=operations,

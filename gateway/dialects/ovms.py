@@ -98,7 +98,6 @@ class OVMSTranslator(
 DIALECT = Dialect(
     name="ovms",
     document="ovms.yaml",
-    default_mount="/v3",
     translator=OVMSTranslator,
     chat_operations=("createChatCompletion",),
     screens_media=True,

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gateway.dialects import DIALECTS
+from gateway.dialects.registry import DIALECTS
 from gateway.dialects.rules import Rule, first_breach
 from gateway.spec import DialectSpec, load_document
 from gateway.tools.conformance_examples import KEY_HEADERS, record_failure

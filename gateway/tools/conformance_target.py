@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from gateway.dialects import DIALECTS
+from gateway.dialects.registry import DIALECTS
 from gateway.spec import load_document
 from gateway.tools.conformance_examples import KEY_HEADERS
 from gateway.tools.conformance_report import NOT_PROBED, Feature

@@ -40,7 +40,7 @@ from gateway.core.errors import (
     UnprocessableContent,
     UnsupportedMediaType,
 )
-from gateway.dialects import DIALECTS
+from gateway.dialects.registry import DIALECTS
 from gateway.dialects.shape import Answer, OpenAIShaped, StreamState
 from gateway.spec import load_document
 from gateway.validation import to_json_schema

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from gateway.core.errors import BadRequest
-from gateway.dialects import DIALECTS
+from gateway.dialects.registry import DIALECTS
 from gateway.dialects.rules import read_rules
 from tests.dialects import cases
 from tests.dialects.cases import MINIMAL_BODY

@@ -13,7 +13,7 @@ import pytest
 from gateway.core.canonical import Finish, TextDelta, ToolCallDelta
 from gateway.core.errors import GatewayError
 from gateway.core.parameters import BY_SPELLING
-from gateway.dialects import DIALECTS
+from gateway.dialects.registry import DIALECTS
 from gateway.dialects.shape import DocumentFacts, OpenAIShaped
 from gateway.framing import SSE, JSONLines
 from gateway.spec import load_document
