@@ -2,8 +2,10 @@
 
 Starlette's StreamingResponse (under uvicorn's ASGI 2.3) starts an anyio task group and a new
 task for the body on every stream, which was a fifth of the time to the first chunk here. This
-sends the head and the chunks from the calling task at once; one plain task listens for the
-client going away and then cancels the sending, so a stalled upstream is hung up on promptly.
+sends the head and the chunks from the calling task at once. When the client goes away the
+sending is cancelled, so a stalled upstream is hung up on promptly: by the connection itself
+behind the gateway's edge (its ClientWatch, gateway/disconnect.py: nothing made per stream),
+else by one plain task listening on `receive`.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from gateway.core.errors import ClientGone
+from gateway.disconnect import ClientWatch, client_watch
 from gateway.record import RequestRecord
 
 
@@ -39,16 +42,17 @@ class EventStreamResponse(Response):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         task = asyncio.current_task()
         assert task is not None
-        state = {"sending": True, "gone": False}
-
-        async def listen() -> None:
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            if state["sending"]:  # only while suspended in the sending below (one thread)
-                state["gone"] = True
+        watch = client_watch(scope)
+        if watch is None:  # under another server: a listener of its own
+            watch = ClientWatch()
+            listener: asyncio.Task[None] | None = asyncio.get_running_loop().create_task(
+                listening(receive, watch)
+            )
+        else:  # behind the edge: the connection cancels the sending when the client goes
+            listener = None
+            if watch.gone:
                 task.cancel()
-
-        listener = asyncio.get_running_loop().create_task(listen())
+        watch.task = task
         try:
             await send(
                 {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
@@ -57,14 +61,15 @@ class EventStreamResponse(Response):
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except asyncio.CancelledError:
-            if not state["gone"]:
+            if not watch.gone or task.cancelling() != 1:
                 raise
             task.uncancel()  # the client went away: there is no one left to answer
             if self.record is not None and not self.record.error_code:
                 self.record.error_code = ClientGone.code
         finally:
-            state["sending"] = False
-            listener.cancel()
+            watch.task = None  # only while suspended in the sending above (one thread)
+            if listener is not None:
+                listener.cancel()
             try:
                 aclose = getattr(self.body_iterator, "aclose", None)
                 if aclose is not None:
@@ -72,3 +77,10 @@ class EventStreamResponse(Response):
             finally:
                 if self.on_end is not None:
                     await self.on_end()
+
+
+async def listening(receive: Receive, watch: ClientWatch) -> None:
+    """The client's channel read until it says it is gone; then the watch's task is cancelled."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    watch.lost()

@@ -9,7 +9,8 @@ import asyncio
 import pytest
 
 from gateway.core.errors import ClientGone
-from gateway.disconnect import ClientWatch, unless_client_leaves
+from gateway.disconnect import SCOPE_KEY, ClientWatch, unless_client_leaves
+from gateway.record import RequestRecord
 
 
 async def never_receive() -> dict:
@@ -89,3 +90,56 @@ def test_without_a_watch_a_listener_hears_the_disconnect() -> None:
             await waiting
 
     asyncio.run(scenario())
+
+
+def stream_scenario(with_watch: bool) -> tuple[list[dict], RequestRecord, list[str], int]:
+    """A stream whose client leaves after its first chunk: the messages sent, the record, how
+    its body ended, and the tasks alive while it was being sent."""
+    from gateway.streaming import EventStreamResponse
+
+    record = RequestRecord("id", "POST", "/v1/chat/completions")
+    ended: list[str] = []
+    sent: list[dict] = []
+    watch = ClientWatch()
+    gone = asyncio.Event()
+    tasks_seen: list[int] = []
+
+    async def body():
+        try:
+            yield b"data: 1\n\n"
+            tasks_seen.append(len(asyncio.all_tasks()))
+            await asyncio.sleep(60)  # a stalled upstream
+            yield b"data: 2\n\n"
+        finally:
+            ended.append("body closed")
+
+    async def on_end() -> None:
+        ended.append("ended")
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+        if message.get("body") == b"data: 1\n\n":
+            asyncio.get_running_loop().call_later(0.05, watch.lost if with_watch else gone.set)
+
+    async def receive() -> dict:
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def scenario() -> None:
+        scope = {"type": "http", "extensions": {SCOPE_KEY: watch}} if with_watch else {"type": "http"}
+        response = EventStreamResponse(body(), "text/event-stream", [], record, on_end=on_end)
+        async with asyncio.timeout(5):
+            await response(scope, receive, send)
+
+    asyncio.run(scenario())
+    return sent, record, ended, tasks_seen[0]
+
+
+@pytest.mark.parametrize("with_watch", [True, False])
+def test_a_stream_whose_client_leaves_ends_at_once_and_says_so(with_watch: bool) -> None:
+    sent, record, ended, tasks = stream_scenario(with_watch)
+    assert [m.get("body") for m in sent] == [None, b"data: 1\n\n"]
+    assert record.error_code == ClientGone.code
+    assert ended == ["body closed", "ended"]
+    # behind the edge the stream is sent by the request's task alone; elsewhere a listener too
+    assert tasks == (1 if with_watch else 2)
