@@ -11,7 +11,7 @@ gateway/streaming.py.)
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Coroutine
 from typing import TypeVar
 
 from starlette.types import Receive, Scope
@@ -59,6 +59,8 @@ async def unless_client_leaves(
     assert task is not None
     if watch is not None:
         if watch.gone:
+            if isinstance(work, Coroutine):
+                work.close()  # never begun: nothing to hang up on
             raise ClientGone("The client closed the connection before the answer was ready.")
         watch.task = task
         try:
