@@ -69,6 +69,8 @@ PROMPT_DETAILS = PromptTokensDetails(cached_tokens=0, audio_tokens=0)
 TOKEN = re.compile(r"\s*\S+|\s+")
 MESSAGE_OVERHEAD_TOKENS = 3  # role and separators, as chat templates add them
 SLICE_TOKENS = 256  # tokens per event of an answer that is not streamed
+# A reply this short is split into tokens at once; a longer one a slice at a time, as it is sent
+SPLIT_AT_ONCE_CHARS = 16 * 1024
 COUNT_SLICE_CHARS = 256 * 1024  # prompt characters counted between two turns of the loop
 
 
@@ -331,11 +333,18 @@ class Words:
             at, stop = min(found, key=lambda match: (match[0], -len(match[1])))
             keep = bool(request.options.get("include_stop_str_in_output"))  # OVMS's, for one
             text, self.reason = text[: at + len(stop) if keep else at], "stop_sequence"
-        self.rest: Iterator[re.Match[str]] | None = TOKEN.finditer(text)
         self.limit = request.max_tokens
         self.split: list[str] = []
+        self.rest: Iterator[re.Match[str]] | None = None
         if self.limit == 0 and text:  # nothing may be generated: the limit is reached at once
-            self.rest, self.reason = None, "length"
+            self.reason = "length"
+        elif len(text) <= SPLIT_AT_ONCE_CHARS:  # short: split whole, in C
+            self.split = TOKEN.findall(text)
+            if self.limit is not None and len(self.split) > self.limit:
+                del self.split[self.limit :]
+                self.reason = "length"
+        else:
+            self.rest = TOKEN.finditer(text)
 
     def between(self, start: int, stop: int) -> list[str]:
         """Tokens start..stop (fewer at the end)."""
