@@ -287,6 +287,10 @@ def test_a_client_leaving_a_fan_out_hangs_up_on_every_upstream_request(
         assert response.status_code == 200
         first = next(line for line in response.iter_lines() if line.startswith("data: "))
         assert json.loads(first.removeprefix("data: "))["choices"], "the stream has begun"
+        # the first choice may begin before the other two requests have reached the upstream
+        asked_by = time.monotonic() + 10
+        while len(upstream.received) < before + 3 and time.monotonic() < asked_by:
+            time.sleep(0.01)
         assert len(upstream.received) == before + 3
     # the client has gone: the three upstream answers it was waiting on are closed
     deadline = time.monotonic() + 10
