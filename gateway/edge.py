@@ -51,6 +51,10 @@ RELEASE_AFTER = 1.0  # seconds from a stalled connection's end to handing memory
 WRITE_LOOKS = 3  # looks at a stalled connection's progress per write_timeout
 
 
+def ignore() -> None:
+    """What a closed connection's transport calls instead of its protocol."""
+
+
 class Refused(Exception):
     """A request the edge answers itself, with this status."""
 
@@ -147,6 +151,10 @@ class EdgeProtocol(HttpToolsProtocol):
         if self.writing_timer is not None:
             self.writing_timer.cancel()
             self.writing_timer = None
+        # the transport's callback was the one way back to this protocol: without it, the
+        # connection's objects go when the last reference does, not at the next full collection
+        # (after a burst of 8,000 streams, 90,000 objects still waited for one)
+        self.transport.closed_with_data = ignore
 
     def data_received(self, data: bytes) -> None:
         if self.deaf:
