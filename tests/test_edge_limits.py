@@ -363,3 +363,30 @@ def test_a_closed_connection_is_freed_without_the_cycle_collector():
         assert [ref for ref in made if ref() is not None] == []
     finally:
         gc.enable()
+
+
+def test_memory_goes_back_once_a_burst_of_connections_is_mostly_gone():
+    """A burst's memory is handed back when three quarters of its connections are gone (again
+    for each quarter after, down to a few hundred); a few connections coming and going never
+    plan a release."""
+
+    async def main() -> list[bool]:
+        loop = asyncio.get_running_loop()
+        planned = []
+        shared = Connections()
+        for count in range(1, 301):
+            shared.held(count)
+        for count in range(299, 74, -1):  # 300 → 75: a quarter of the most left
+            shared.let_go(count, loop)
+            planned.append(shared.release_planned)
+        shared.release()
+        few = Connections()
+        for count in (1, 2, 3, 2, 1, 0, 100, 0):
+            few.held(count)
+            few.let_go(count, loop)
+        planned.append(few.release_planned)
+        return planned
+
+    planned = asyncio.run(main())
+    assert planned[:-2] == [False] * (len(planned) - 2) and planned[-2] is True
+    assert planned[-1] is False
