@@ -170,7 +170,8 @@ class EdgeProtocol(HttpToolsProtocol):
         # the transport's callback was the one way back to this protocol: without it, the
         # connection's objects go when the last reference does, not at the next full collection
         # (after a burst of 8,000 streams, 90,000 objects still waited for one)
-        self.transport.closed_with_data = ignore
+        if isinstance(self.transport, CoalescingTransport):
+            self.transport.closed_with_data = ignore
 
     def data_received(self, data: bytes) -> None:
         if self.deaf:
