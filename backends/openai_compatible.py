@@ -32,6 +32,7 @@ from pydantic import ConfigDict, Field, SecretStr, field_validator, model_valida
 
 from backends.base import Capabilities, Param, mapped, same_names
 from backends.fan_out import joined
+from backends.read_deadline import ReadDeadline
 from backends.stream_decoders import StreamDecoder, decoder_for
 from backends.upstream_client import (
     ConnectFailed,
@@ -428,17 +429,20 @@ class OpenAICompatibleBackend:
         chunk's events as one batch)."""
         state = StreamState(asked or self.capabilities.max_n, request.stop)
         read = answer.read_some  # whatever has arrived; b"" only at the end
-        until = first_deadline  # until the first generated chunk, then the whole answer's deadline
-        while not decoder.done:
-            async with asyncio.timeout_at(until):
-                piece = await read()
-            payloads = decoder.feed(piece) if piece else decoder.close()
-            for payload in payloads:
-                if events := state.feed(parse_json(payload)):
-                    yield events
-                    until = deadline
-            if not piece:
-                break
+        # until the first generated chunk, then the whole answer's deadline
+        until = ReadDeadline(first_deadline)
+        try:
+            while not decoder.done:
+                piece = await until.read(read())
+                payloads = decoder.feed(piece) if piece else decoder.close()
+                for payload in payloads:
+                    if events := state.feed(parse_json(payload)):
+                        until.when = deadline
+                        yield events
+                if not piece:
+                    break
+        finally:
+            until.close()
         if not decoder.done and state.unfinished:
             raise BadGateway("The upstream closed the stream before the answer was finished.")
         self.check_choices(len(state.seen), asked)

@@ -12,6 +12,7 @@ those streams, is the memory an open stream holds.
 from __future__ import annotations
 
 import asyncio
+import errno
 import itertools
 import resource
 import time
@@ -89,7 +90,7 @@ async def streams_at_once(
             totals["chunks"] += count - 1
             gaps.extend(later - earlier for earlier, later in itertools.pairwise(times[1:]))
         except (aiohttp.ClientError, TimeoutError) as error:
-            failed(type(error).__name__)
+            failed(error_kind(error))
         finally:
             totals["open"] -= 1
 
@@ -123,6 +124,15 @@ async def streams_at_once(
         gap_p99_ms=percentile(gaps, 0.99) * 1000 if gaps else 0.0,
         client_cpu=cpu / wall,
     )
+
+
+def error_kind(error: BaseException) -> str:
+    """The error's type, with its errno's name where it has one: a reset (ECONNRESET, a listen
+    backlog overflowing) and a refusal (ECONNREFUSED) are both ClientOSError."""
+    number = getattr(error, "errno", None)
+    if not isinstance(number, int):
+        return type(error).__name__
+    return f"{type(error).__name__} {errno.errorcode.get(number, number)}"
 
 
 def raise_open_files(wanted: int) -> None:

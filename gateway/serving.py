@@ -31,7 +31,7 @@ from typing import Any
 
 import uvicorn
 
-from gateway.config import ConfigError, Settings
+from gateway.config import ClientLimits, ConfigError, Settings
 from gateway.config_source import Source
 from gateway.config_watch import ConfigWatch
 from gateway.environment import METRICS_DIR
@@ -43,6 +43,8 @@ STARTUP_FAILURE = 3  # a worker's exit code when it could not start (uvicorn's o
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 RESTART_PAUSE = 1.0  # seconds before replacing a worker that died, so a crash loop cannot spin
 WATCH_SECONDS = 2.0  # how often the config and keys files are looked at for changes
+LEAST_BACKLOG = 2048  # uvicorn's own listen backlog
+SOMAXCONN = Path("/proc/sys/net/core/somaxconn")  # Linux's cap on any listen backlog
 
 
 class StartupError(Exception):
@@ -182,6 +184,26 @@ class GatewayServer(uvicorn.Server):
         return await super().on_tick(counter)
 
 
+def listen_backlog(limits: ClientLimits) -> int:
+    """Connections the kernel queues for a worker before it accepts them: as many as it takes.
+
+    uvicorn's 2,048 is less than a burst of `max_connections` new streams: with a busy event loop
+    the queue overflowed and the kernel reset the connections it could not queue (8,000 streams
+    opened over a second: 840 of them "connection reset by peer")."""
+    wanted = max(LEAST_BACKLOG, limits.max_connections + limits.probe_connections)
+    with contextlib.suppress(OSError, ValueError):
+        cap = int(SOMAXCONN.read_text())
+        if cap < wanted:
+            log.warning(
+                "the kernel queues at most %d connections waiting to be accepted (net.core.somaxconn); "
+                "server.clients.max_connections asks for %d: raise it, or a burst of new connections "
+                "may be reset",
+                cap,
+                wanted,
+            )
+    return wanted
+
+
 def run_worker(options: ServeOptions, sock: socket.socket, supervisor: int | None = None) -> int:
     """One server process on a bound socket (in the process itself, or in a worker)."""
     from gateway.access_log import AccessLog
@@ -223,6 +245,7 @@ def run_worker(options: ServeOptions, sock: socket.socket, supervisor: int | Non
         ws="none",  # no WebSocket routes: its library is not even imported (a few MB of RSS)
         loop="uvloop",
         http=edge,  # type: ignore[arg-type]
+        backlog=listen_backlog(settings.server.clients),
         lifespan="on",
         # seconds (a float works; 0 must not read as None, "wait forever")
         timeout_graceful_shutdown=max(settings.server.shutdown.deadline, 0.001),  # type: ignore[arg-type]

@@ -13,12 +13,14 @@ of them are freed, `release_free_memory` hands the free pages inside the heap ba
 from __future__ import annotations
 
 import ctypes
+import functools
 from typing import Any
 
 M_MMAP_THRESHOLD = -3  # glibc's <malloc.h>
 MMAP_THRESHOLD = 128 * 1024  # glibc's own starting value
 
 
+@functools.cache  # a CDLL made per call is a cycle of a dozen objects left to the collector
 def libc_function(name: str) -> Any:
     try:
         return getattr(ctypes.CDLL(None), name)
