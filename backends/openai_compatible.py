@@ -32,7 +32,6 @@ from pydantic import ConfigDict, Field, SecretStr, field_validator, model_valida
 
 from backends.base import Capabilities, Param, mapped, same_names
 from backends.fan_out import joined
-from backends.read_deadline import ReadDeadline
 from backends.stream_decoders import StreamDecoder, decoder_for
 from backends.upstream_client import (
     ConnectFailed,
@@ -72,6 +71,7 @@ from gateway.core.canonical import (
     Usage,
     mark_last_text,
 )
+from gateway.core.deadline import Deadline
 from gateway.core.errors import (
     BadGateway,
     BadRequest,
@@ -430,10 +430,10 @@ class OpenAICompatibleBackend:
         state = StreamState(asked or self.capabilities.max_n, request.stop)
         read = answer.read_some  # whatever has arrived; b"" only at the end
         # until the first generated chunk, then the whole answer's deadline
-        until = ReadDeadline(first_deadline)
+        until = Deadline(first_deadline)
         try:
             while not decoder.done:
-                piece = await until.read(read())
+                piece = await until.wait(read())
                 payloads = decoder.feed(piece) if piece else decoder.close()
                 for payload in payloads:
                     if events := state.feed(parse_json(payload)):

@@ -17,6 +17,7 @@ from gateway.core.canonical import (
     ToolCallDelta,
     Usage,
 )
+from gateway.core.deadline import Deadline, DeadlinePassed
 from gateway.core.errors import (
     BadGateway,
     GatewayError,
@@ -79,54 +80,27 @@ def retry_after(error: GatewayError) -> float:
 
 
 class Watchdog:
-    """Times the waits for an upstream's next event with one timer per stream, not one per event.
+    """Times the waits for an upstream's next event with one timer per stream, not one per event
+    (gateway/core/deadline.py).
 
-    Only the wait for the upstream is timed (a slow client must not look like a slow model);
-    the timer is re-armed lazily, when it fires and finds the deadline has moved on.
+    Only the wait for the upstream is timed (a slow client must not look like a slow model).
     """
 
     def __init__(self) -> None:
-        self.loop = asyncio.get_running_loop()
-        self.handle: asyncio.TimerHandle | None = None
-        self.deadline = 0.0
-        self.waiting: asyncio.Task | None = None
-        self.fired = False
+        self.deadline = Deadline(0.0)
+        self.loop = self.deadline.loop
 
     async def next(self, events: EventStream, timeout: float, what: str) -> Item | None:
-        self.deadline = self.loop.time() + timeout
-        if self.handle is None or self.handle.when() > self.deadline:
-            if self.handle is not None:
-                self.handle.cancel()
-            self.handle = self.loop.call_at(self.deadline, self.check)
-        self.waiting = asyncio.current_task()
+        self.deadline.when = self.loop.time() + timeout
         try:
-            return await anext(events, None)
-        except asyncio.CancelledError:
-            if not self.fired:
-                raise
-            self.fired = False
-            if self.waiting is not None:
-                self.waiting.uncancel()
+            return await self.deadline.wait(anext(events, None))
+        except DeadlinePassed:
             raise GatewayTimeout(
                 f"The model did not answer in time ({what}: {timeout:g}s).", code="UpstreamTimeout"
             ) from None
-        finally:
-            self.waiting = None
-
-    def check(self) -> None:
-        self.handle = None
-        if self.waiting is None:
-            return  # not waiting now: the next wait re-arms
-        if self.loop.time() >= self.deadline:
-            self.fired = True
-            self.waiting.cancel()
-        else:
-            self.handle = self.loop.call_at(self.deadline, self.check)
 
     def stop(self) -> None:
-        if self.handle is not None:
-            self.handle.cancel()
-            self.handle = None
+        self.deadline.close()
 
 
 class Attempt:

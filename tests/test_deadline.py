@@ -1,5 +1,6 @@
-"""The deadline for an upstream answer's reads: one timer for the whole answer, a TimeoutError
-when a read outlasts it, and a cancellation from elsewhere left a cancellation."""
+"""The deadline for a run of waits (an upstream answer's reads, the attempt's waits for the
+backend's events): one timer for the whole run, DeadlinePassed when a wait outlasts it, and a
+cancellation from elsewhere left a cancellation."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import asyncio
 
 import pytest
 
-from backends.read_deadline import ReadDeadline
+from gateway.core.deadline import Deadline, DeadlinePassed
 
 
 async def after(seconds: float, value: bytes = b"piece") -> bytes:
@@ -18,11 +19,11 @@ async def after(seconds: float, value: bytes = b"piece") -> bytes:
 def test_reads_within_the_deadline_share_one_timer():
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        deadline = ReadDeadline(loop.time() + 5)
-        assert await deadline.read(after(0)) == b"piece"
+        deadline = Deadline(loop.time() + 5)
+        assert await deadline.wait(after(0)) == b"piece"
         armed = deadline.handle
         for _ in range(100):
-            assert await deadline.read(after(0)) == b"piece"
+            assert await deadline.wait(after(0)) == b"piece"
         assert deadline.handle is armed  # not a timer made and cancelled per read
         deadline.close()
         assert armed is not None and armed.cancelled()
@@ -34,9 +35,9 @@ def test_a_read_past_the_deadline_is_a_timeout():
     async def main() -> float:
         loop = asyncio.get_running_loop()
         started = loop.time()
-        deadline = ReadDeadline(started + 0.1)
-        with pytest.raises(TimeoutError):
-            await deadline.read(after(5))
+        deadline = Deadline(started + 0.1)
+        with pytest.raises(DeadlinePassed):
+            await deadline.wait(after(5))
         return loop.time() - started
 
     assert asyncio.run(main()) < 1
@@ -48,12 +49,12 @@ def test_a_deadline_moved_on_lets_a_read_go_on():
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        deadline = ReadDeadline(loop.time() + 0.05)
-        assert await deadline.read(after(0)) == b"piece"
+        deadline = Deadline(loop.time() + 0.05)
+        assert await deadline.wait(after(0)) == b"piece"
         deadline.when = loop.time() + 0.5
-        assert await deadline.read(after(0.2)) == b"piece"  # past the first deadline
-        with pytest.raises(TimeoutError):
-            await deadline.read(after(5))
+        assert await deadline.wait(after(0.2)) == b"piece"  # past the first deadline
+        with pytest.raises(DeadlinePassed):
+            await deadline.wait(after(5))
 
     asyncio.run(main())
 
@@ -64,11 +65,11 @@ def test_time_between_reads_fires_nothing():
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        deadline = ReadDeadline(loop.time() + 0.05)
-        assert await deadline.read(after(0)) == b"piece"
+        deadline = Deadline(loop.time() + 0.05)
+        assert await deadline.wait(after(0)) == b"piece"
         await asyncio.sleep(0.1)  # not in a read: not cancelled
-        with pytest.raises(TimeoutError):
-            await deadline.read(after(5))
+        with pytest.raises(DeadlinePassed):
+            await deadline.wait(after(5))
 
     asyncio.run(main())
 
@@ -76,8 +77,8 @@ def test_time_between_reads_fires_nothing():
 def test_a_cancellation_from_elsewhere_stays_a_cancellation():
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        deadline = ReadDeadline(loop.time() + 5)
-        reading = asyncio.create_task(deadline.read(after(5)))
+        deadline = Deadline(loop.time() + 5)
+        reading = asyncio.create_task(deadline.wait(after(5)))
         await asyncio.sleep(0.01)
         reading.cancel()
         with pytest.raises(asyncio.CancelledError):

@@ -1,9 +1,11 @@
-"""A deadline for the reads of one upstream answer, kept by one timer for the whole answer.
+"""A deadline for a run of waits (the reads of one upstream answer, the waits for a backend's
+next event), kept by one timer for the whole run.
 
-`asyncio.timeout_at` around each read made, moved and cancelled a timer per chunk (and entered
+`asyncio.timeout_at` around each wait made, moved and cancelled a timer per chunk (and entered
 and left a context): about a tenth of what the backend spent per relayed chunk with 8,000
 streams open. Here the timer is armed once and re-armed only when it fires before a deadline
-that has moved on, as the attempt's watchdog does for the wait for the backend's next event.
+that has moved on. The openai-compatible backend times its reads with it, the attempt
+(gateway/attempt.py) its waits for the backend.
 """
 
 from __future__ import annotations
@@ -15,8 +17,13 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
-class ReadDeadline:
-    """Reads that must end by `when` (monotonic, the loop's clock); `when` may move."""
+class DeadlinePassed(TimeoutError):
+    """A wait outlasted its deadline (a TimeoutError of this deadline's own, told apart from
+    one that what was awaited raised)."""
+
+
+class Deadline:
+    """Waits that must end by `when` (monotonic, the loop's clock); `when` may move."""
 
     __slots__ = ("fired", "handle", "loop", "waiting", "when")
 
@@ -24,11 +31,11 @@ class ReadDeadline:
         self.loop = asyncio.get_running_loop()
         self.when = when
         self.handle: asyncio.TimerHandle | None = None
-        self.waiting: asyncio.Task | None = None  # the task in a read now
+        self.waiting: asyncio.Task | None = None  # the task in a wait now
         self.fired = False
 
-    async def read(self, reading: Awaitable[T]) -> T:
-        """What `reading` gives, or TimeoutError once the deadline passes while it waits."""
+    async def wait(self, reading: Awaitable[T]) -> T:
+        """What `reading` gives, or DeadlinePassed once the deadline passes while it waits."""
         handle = self.handle
         if handle is None or handle.when() > self.when:
             if handle is not None:
@@ -42,7 +49,7 @@ class ReadDeadline:
         except asyncio.CancelledError:
             # ours only if no one else asked for the cancellation too (as asyncio.timeout decides)
             if self.fired and task.uncancel() <= cancelling:
-                raise TimeoutError from None
+                raise DeadlinePassed from None
             raise
         finally:
             self.waiting = None
@@ -51,7 +58,7 @@ class ReadDeadline:
     def check(self) -> None:
         self.handle = None
         if self.waiting is None:
-            return  # not reading now: the next read arms the timer again
+            return  # not waiting now: the next wait arms the timer again
         if self.loop.time() >= self.when:
             self.fired = True
             self.waiting.cancel()
