@@ -1,7 +1,8 @@
 """The answer's steps. Two kinds, each a small object with one method: a usage step's `apply`
 runs when the answer's usage passes (a plain method, which returns an awaitable only when the
 step must wait); a stream step's `wrap`
-stacks a layer on the answer's events. Each is built only where a deployment has something for
+stacks a layer on the answer's events, and its `taking` does the same for a whole answer's items
+on their way to the fold (a request not streamed). Each is built only where a deployment has something for
 it to do: every layer costs something on every chunk."""
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ Admission (before the backend is asked; each step may refuse the request):
     ROUTE picks the deployment; then ADMISSION, that deployment's steps, in this order.
 The answer (as it comes back):
     ANSWER_USAGE — when the usage passes, in this order;
-    ANSWER_STREAM — layers stacked on the events, innermost first.
+    ANSWER_STREAM — layers stacked on the events, innermost first (for an answer not streamed,
+    the same steps see each item on its way to the fold, in the same order).
 (The README's "Policy" section lists the same order; tests/test_policy_pipeline.py holds it.)
 
 Each deployment's lists are built once, when the runtime is (at start and at each reload),
