@@ -121,6 +121,10 @@ def test_reloads_under_load_lose_no_request(tmp_path: Path, workers: int):
             headers = {"authorization": f"Bearer {KEY}"}
             url = f"{gateway.url}/v1/chat/completions"
             until(lambda: httpx.post(url, json=second, headers=headers).json().get("model") == "second")
+            # every worker has it (each reloads on its own: the bad file below must not reach one
+            # that has not yet, which would keep the config from before, without `second`)
+            grown_line = f"({len(grown['deployments'])} deployments"
+            until(lambda: sum(grown_line in line for line in gateway.output().splitlines()) >= workers)
 
             # a bad file is refused; what runs keeps running
             config.write_text("deployments: [{name: broken, backend: nonsense}]\n")
