@@ -41,11 +41,10 @@ from bench.processes import (
     process_cpu_seconds,
     start_server,
 )
+from bench.run import HIGH_LIMITS, JSON_PATH, POOL, ROOT
 from bench.upstream import REQUEST, STREAM_CHUNKS, STREAM_REQUEST, nginx_command, write_nginx_files
 
-ROOT = Path(__file__).resolve().parent.parent
 KEY = "sk-bench-profile"
-HIGH_LIMITS = {"requests_per_minute": 10**9, "tokens_per_minute": 10**12}  # counted, never refusing
 SAMPLES_PER_SECOND = 400
 # A sample's part, by the file of its innermost frame (the first pattern that matches).
 PARTS: tuple[tuple[str, str], ...] = (
@@ -103,11 +102,9 @@ def config(upstream: str | None, policy: bool) -> dict:
     deployment: dict = {"name": REQUEST["model"], "backend": "echo"}
     stream_deployment: dict = {"name": STREAM_REQUEST["model"], "backend": "echo"}
     if upstream is not None:
-        deployment.update(
-            backend="openai-compatible", options={"base_url": f"{upstream}/v1", "max_connections": 100}
-        )
+        deployment.update(backend="openai-compatible", options={"base_url": f"{upstream}/v1", **POOL})
         stream_deployment.update(
-            backend="openai-compatible", options={"base_url": f"{upstream}/stream/v1", "max_connections": 100}
+            backend="openai-compatible", options={"base_url": f"{upstream}/stream/v1", **POOL}
         )
     found: dict = {"deployments": [deployment, stream_deployment]}
     if policy:
@@ -145,7 +142,7 @@ def profile(args: argparse.Namespace, tmp: Path) -> int:
         headers = {"Content-Type": "application/json"}
         if args.policy:
             headers["Authorization"] = f"Bearer {KEY}"
-        url = gateway.url + "/v1/chat/completions"
+        url = gateway.url + JSON_PATH
         load.WrkRun(url, body, headers, 32, 3, "1").result()  # warm up
         raw = args.raw or tmp / "profile.txt"
         # --nonblocking: read the stacks without pausing the worker (pausing it 400 times a

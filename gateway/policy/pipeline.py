@@ -20,7 +20,7 @@ from typing import Protocol, TypeVar
 
 from starlette.types import Receive
 
-from gateway.core.canonical import ChatRequest, EventStream, Item, Usage
+from gateway.core.canonical import ChatRequest, EventStream, Usage
 from gateway.policy.admission import Admission, Policy
 from gateway.policy.admission_steps import (
     Budgets,
@@ -40,6 +40,7 @@ from gateway.policy.answer_steps import (
     OutputFilter,
     ReleaseUnsettled,
     SettleBudgets,
+    Take,
     release_unsettled,
 )
 from gateway.policy.auth import Caller
@@ -64,7 +65,6 @@ class StreamStep(Protocol):
 Step = TypeVar("Step", covariant=True)
 Built = TypeVar("Built")
 OnUsage = Callable[[Usage], Awaitable[None]]
-Take = Callable[[Item], None]  # takes a whole answer's items, one by one
 
 
 class StepKind(Protocol[Step]):
