@@ -153,7 +153,9 @@ BACKEND_KINDS: dict[str, BackendKind] = {
     kind.name: kind
     for kind in (
         BackendKind("echo", "backends.echo:EchoBackend", "backends.echo:EchoOptions"),
-        BackendKind("tgi", "backends.tgi:TGIBackend", "backends.tgi:TGIOptions", proxied=True),
+        BackendKind(
+            "tgi", "backends.tgi.backend:TGIBackend", "backends.tgi.backend:TGIOptions", proxied=True
+        ),
         BackendKind(
             "openai-compatible",
             "backends.openai_compatible:OpenAICompatibleBackend",
@@ -162,8 +164,8 @@ BACKEND_KINDS: dict[str, BackendKind] = {
         ),
         BackendKind(
             "local",
-            "backends.local:LocalBackend",
-            "backends.local:LocalOptions",
+            "backends.local.backend:LocalBackend",
+            "backends.local.backend:LocalOptions",
             requires=("torch", "transformers"),
             install="pip install 'chatgate[local]' plus PyTorch (README, 'local backend')",
         ),

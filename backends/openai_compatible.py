@@ -1,9 +1,9 @@
 """A backend for any upstream that speaks OpenAI chat completions (vLLM, SGLang, OVMS, DJL LMI,
-OpenAI itself, or another chatgate): the gateway's HTTP client (backends.upstream_client),
+OpenAI itself, or another chatgate): the gateway's HTTP client (backends.http.client),
 streamed chunks relayed as they arrive, as server-sent events or JSON lines (LMI).
 
 The body sent upstream is the parameter table applied to the request (backends.base.mapped);
-upstream failures become gateway errors by UPSTREAM_STATUSES (backends.upstream_status).
+upstream failures become gateway errors by UPSTREAM_STATUSES (backends.http.status).
 
 How a finish becomes `stop_sequence` (a stop string matched) rather than `stop` (the end of the
 sequence): the upstream's own word (`stop_sequence`, LMI and TGI); else vLLM's `stop_reason` (or
@@ -31,9 +31,7 @@ import orjson
 from pydantic import ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from backends.base import Capabilities, Param, mapped, same_names
-from backends.fan_out import joined
-from backends.stream_decoders import StreamDecoder, decoder_for
-from backends.upstream_client import (
+from backends.http.client import (
     ConnectFailed,
     Limits,
     PoolBusy,
@@ -42,8 +40,9 @@ from backends.upstream_client import (
     UpstreamError,
     UpstreamResponse,
 )
-from backends.upstream_options import ChoiceOptions, NetworkOptions, ProbeOptions
-from backends.upstream_status import (
+from backends.http.fan_out import joined
+from backends.http.options import ChoiceOptions, NetworkOptions, ProbeOptions
+from backends.http.status import (
     CREDENTIALS,
     Answer,
     StatusTable,
@@ -51,6 +50,7 @@ from backends.upstream_status import (
     client_safe,
     status_error,
 )
+from backends.http.stream_decoders import StreamDecoder, decoder_for
 from gateway.core.canonical import (
     FROM_TOKEN,
     ChatRequest,
@@ -361,7 +361,7 @@ class OpenAICompatibleBackend:
 
     async def fanned_out(self, request: ChatRequest, asked: int) -> EventStream:
         """`asked` requests of one choice each (request k with seed + k, when a seed is set),
-        joined (backends.fan_out)."""
+        joined (backends.http.fan_out)."""
         body = self.upstream_body(request)
         body.pop("n", None)
         seed = body.get("seed")

@@ -36,8 +36,8 @@ import yaml
 
 from bench.processes import Server, accepts_connections, answers_health, free_port, start_server
 from bench.upstream import USAGE, WORDS
+from gateway.core.token_count import estimate
 from gateway.policy.auth import new_key
-from gateway.policy.token_count import estimate
 
 ROOT = Path(__file__).resolve().parent.parent
 IN_FLIGHT = (8, 32, 64)

@@ -4,7 +4,7 @@ A raw ASGI app with one pooled HTTP client: it forwards the request body to the 
 the upstream (BENCH_UPSTREAM, e.g. http://127.0.0.1:8081) and returns the answer — whole for
 JSON, piece by piece as it arrives for a stream. No routing, validation or policy.
 
-The client is chatgate's own (backends.upstream_client, with the openai-compatible backend's
+The client is chatgate's own (backends.http.client, with the openai-compatible backend's
 default limits), so the upstream hop costs the same on both sides and chatgate/floor is what
 chatgate's own work costs.
 
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import os
 
+from backends.http.client import Limits, UpstreamClient
 from backends.openai_compatible import Options
-from backends.upstream_client import Limits, UpstreamClient
 
 UPSTREAM = os.environ.get("BENCH_UPSTREAM", "http://127.0.0.1:8081")
 PASSED_HEADERS = ("content-type", "cache-control")

@@ -1,6 +1,6 @@
 """Tokens per second of the local backend on this machine, with the tiny test model.
 
-Builds the same 2-layer Llama as the tests (tests/tiny_model.py) in a temporary directory, then
+Builds the same 2-layer Llama as the tests (tests/support/tiny_model.py) in a temporary directory, then
 times LocalBackend.generate (the whole path: worker thread, sampling, detokenization, events)
 and, for reference, transformers' own `generate` on the same model.
 
@@ -20,9 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
 
-from backends.local import LocalBackend
+from backends.local.backend import LocalBackend
 from gateway.core.canonical import ChatRequest, Usage
-from tests.tiny_model import save_tiny_model
+from tests.support.tiny_model import save_tiny_model
 
 MESSAGES = [{"role": "user", "content": "Tell me a story about the café by the river."}]
 

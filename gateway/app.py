@@ -21,22 +21,22 @@ from connexion.options import SwaggerUIOptions
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway.access_log import AccessLog
-from gateway.call import Call
-from gateway.config import Settings
+from gateway.chat import ChatPipeline
+from gateway.config.settings import Settings
 from gateway.core.errors import NotFound
 from gateway.core.memory import return_large_blocks
 from gateway.dialects.dialect import Dialect
 from gateway.dialects.registry import DIALECTS
 from gateway.dialects.shape import DocumentFacts, OpenAIShaped
-from gateway.error_dialects import ErrorDialects
-from gateway.front_door import FrontDoor, Handler
-from gateway.lifecycle import Lifecycle
-from gateway.metrics import Metrics
-from gateway.pipeline import ChatPipeline
+from gateway.http.call import Call
+from gateway.http.documents import DialectSpec, load_document
+from gateway.http.error_dialects import ErrorDialects
+from gateway.http.front_door import FrontDoor, Handler
+from gateway.http.lifecycle import Lifecycle
 from gateway.probes.deployments import DeploymentProbes
 from gateway.runtime import Runtime
-from gateway.spec import DialectSpec, load_document
+from gateway.telemetry.access_log import AccessLog
+from gateway.telemetry.metrics import Metrics
 
 log = logging.getLogger("chatgate")
 YOUNG_GC_THRESHOLD = 20_000

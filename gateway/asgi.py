@@ -7,10 +7,10 @@ import sys
 
 from starlette.types import ASGIApp
 
-from gateway.access_log import AccessLog
 from gateway.app import create_app
-from gateway.config import ConfigError
-from gateway.config_source import load_from_environment
+from gateway.config.settings import ConfigError
+from gateway.config.source import load_from_environment
+from gateway.telemetry.access_log import AccessLog
 
 
 def create() -> ASGIApp:

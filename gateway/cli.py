@@ -10,8 +10,8 @@ import orjson
 import typer
 from pydantic import ValidationError
 
-from gateway.config import ConfigError, Key, Settings
-from gateway.config_source import load_settings, load_source
+from gateway.config.settings import ConfigError, Key, Settings
+from gateway.config.source import load_settings, load_source
 from gateway.core.options import describe
 
 CONFIG_ENV = "CHATGATE_CONFIG"
@@ -57,8 +57,8 @@ def serve(
     log_format: Annotated[str, typer.Option(help="text, or json: one JSON object a log line.")] = "text",
 ) -> None:
     """Serve every configured dialect."""
-    from gateway.serving import ServeOptions, StartupError
-    from gateway.serving import serve as run
+    from gateway.server.serving import ServeOptions, StartupError
+    from gateway.server.serving import serve as run
 
     if log_level.lower() not in LOG_LEVELS:
         fail(f"--log-level: {log_level!r} is not one of {', '.join(LOG_LEVELS)}")
@@ -104,7 +104,7 @@ def logging_config(level: str, log_format: str = "text") -> dict:
     if log_format == "json":
         for formatter in config["formatters"].values():
             formatter.clear()
-            formatter["()"] = "gateway.log_format.JSONFormatter"
+            formatter["()"] = "gateway.telemetry.log_format.JSONFormatter"
     return config
 
 
@@ -125,7 +125,7 @@ def config_check(file: Annotated[Path, typer.Argument(help="The YAML config file
 @config_cli.command("schema")
 def config_schema() -> None:
     """Print the config's JSON Schema (for editors: yaml-language-server, VS Code, IntelliJ)."""
-    from gateway.config_schema import config_json_schema
+    from gateway.config.schema import config_json_schema
 
     typer.echo(orjson.dumps(config_json_schema(), option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode())
 
@@ -153,7 +153,7 @@ def keys_new(
 ) -> None:
     """Print a fresh key once; add its entry to the keys file, or print the entry to paste under
     `keys:` in the config."""
-    from gateway import keys_file
+    from gateway.config import keys_file
     from gateway.policy.auth import new_key
 
     key, sha256 = new_key()
@@ -183,7 +183,7 @@ def keys_revoke(
     file: KeysFile = None,
 ) -> None:
     """Take a key out of the keys file (a gateway watching it refuses the key within seconds)."""
-    from gateway import keys_file
+    from gateway.config import keys_file
 
     if file is None:
         fail("keys revoke: --file is needed (keys written in the config are removed by editing it)")
@@ -200,7 +200,7 @@ def keys_revoke(
 @keys_cli.command("list")
 def keys_list(file: KeysFile = None, config: ConfigOption = None) -> None:
     """The keys of a keys file, or of a config (with its keys file): names, deployments, expiry."""
-    from gateway import keys_file
+    from gateway.config import keys_file
 
     if file is not None:
         try:

@@ -9,18 +9,18 @@ from collections.abc import Awaitable, Callable, Mapping
 
 from starlette.types import Receive
 
-from gateway.config import Settings
+from gateway.config.settings import Settings
 from gateway.core.canonical import ChatRequest, EventStream, Item
-from gateway.dispatch import Dispatcher
-from gateway.metrics import Metrics, metrics_for
+from gateway.fleet.dispatch import Dispatcher
+from gateway.fleet.router import Router
 from gateway.policy.admission import Admission, Policy
 from gateway.policy.auth import Caller, KeyStore
 from gateway.policy.limits import Limiter
 from gateway.policy.pipeline import Pipeline
 from gateway.policy.stores import create_limiter
-from gateway.record import RequestRecord
-from gateway.router import Router
-from gateway.tracing import Tracing, create_tracing
+from gateway.telemetry.metrics import Metrics, metrics_for
+from gateway.telemetry.record import RequestRecord
+from gateway.telemetry.tracing import Tracing, create_tracing
 
 
 class Runtime:

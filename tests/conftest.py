@@ -11,14 +11,27 @@ from gateway.tools.vendor_specs import (
     RefspecsError,
     default_refspecs_dir,
 )
-from tests.servers import running_gateway
+from tests.support.servers import running_gateway
 
-# The vendors' published documents are not in the repository (see gateway/vendor_specs.py):
+# The vendors' published documents are not in the repository (see gateway/tools/vendor_specs.py):
 # tests that need them skip with this one reason when none are found.
 REFSPECS_MISSING = f"vendor documents not found: {REFSPECS_HOW}"
-TGI_REFSPEC = "tgi-openapi.json"  # what tests/tgi_server.py checks the TGI stand-in against
+TGI_REFSPEC = "tgi-openapi.json"  # what tests/support/tgi_server.py checks the TGI stand-in against
 NEEDED_REFSPECS = (*(vendor.file for vendor in VENDOR_DOCUMENTS.values()), TGI_REFSPEC)
 _refspecs = pytest.StashKey[Path | None]()
+
+
+TESTS = Path(__file__).resolve().parent
+# each folder of tests/ is a lane, and its tests carry its name as a marker:
+# `pytest -m "not system"` is the fast lane (docs/development/tests.md)
+LANES = ("unit", "integration", "system")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        lane = item.path.resolve().relative_to(TESTS).parts[0]
+        if lane in LANES:
+            item.add_marker(getattr(pytest.mark, lane))
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -5,7 +5,7 @@ next event), kept by one timer for the whole run.
 and left a context): about a tenth of what the backend spent per relayed chunk with 8,000
 streams open. Here the timer is armed once and re-armed only when it fires before a deadline
 that has moved on. The openai-compatible backend times its reads with it, the attempt
-(gateway/attempt.py) its waits for the backend.
+(gateway/fleet/attempt.py) its waits for the backend.
 """
 
 from __future__ import annotations

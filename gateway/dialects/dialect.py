@@ -14,7 +14,7 @@ from gateway.dialects.shape import OpenAIShaped
 
 # What a dialect's own operations (models, info, ping) may see of the gateway, as protocols: a
 # dialect module imports no part of the runtime, so the dialects' code stands below everything
-# that serves (gateway.call.Call and gateway.runtime.Runtime fit these).
+# that serves (gateway.http.call.Call and gateway.runtime.Runtime fit these).
 
 
 class KeyHolder(Protocol):

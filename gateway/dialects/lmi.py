@@ -15,8 +15,8 @@ from starlette.responses import Response
 from gateway.core.canonical import ChatRequest, Completion, Event, Finish, TextDelta, TokenBytes, Usage
 from gateway.core.errors import GatewayError
 from gateway.dialects.dialect import Dialect, Handler, ModelDirectory, OperationCall
+from gateway.dialects.framing import JSONLines
 from gateway.dialects.shape import JSON, Answer, OpenAIShaped, Shared, StreamState
-from gateway.framing import JSONLines
 
 if TYPE_CHECKING:
     from generated import lmi as lmi_doc

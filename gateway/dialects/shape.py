@@ -33,8 +33,8 @@ from gateway.core.canonical import (
 )
 from gateway.core.errors import BadRequest, GatewayError
 from gateway.core.parameters import BY_SPELLING
+from gateway.dialects.framing import SSE, Framing
 from gateway.dialects.rules import Rule, first_breach
-from gateway.framing import SSE, Framing
 
 if TYPE_CHECKING:  # the documents' shapes, for the type checker only (generated/, no run-time cost)
     from generated import openai as openai_doc
@@ -43,7 +43,7 @@ JSON = "application/json"
 
 # A translator is typed by its dialect's document (generated/<dialect>.py): the request it reads,
 # the completion, chunk, stream choice and error body it writes. mypy holds each dialect's keys
-# to its own document, so a field renamed in openapi/ fails the type check (tests/test_types.py).
+# to its own document, so a field renamed in openapi/ fails the type check (tests/system/test_types.py).
 RequestT = TypeVar("RequestT", bound=Mapping[str, Any])
 CompletionT = TypeVar("CompletionT")
 ChunkT = TypeVar("ChunkT")
@@ -59,7 +59,7 @@ TOKEN_LIMITS = ("max_completion_tokens", "max_tokens", "maximum_tokens")
 
 def whole(value: Any) -> Any:
     """An integer parameter as an int: a document that counts integers as JSON Schema 2020-12
-    does admits 2.0 (gateway/validation.py, `x-chatgate-integers`)."""
+    does admits 2.0 (gateway/http/validation.py, `x-chatgate-integers`)."""
     return int(value) if isinstance(value, float) else value
 
 

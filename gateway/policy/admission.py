@@ -8,16 +8,16 @@ from dataclasses import dataclass, field
 
 from starlette.types import Receive
 
-from gateway.config import Settings
+from gateway.config.settings import Settings
 from gateway.core.canonical import ChatRequest
+from gateway.core.token_count import PromptCounter
+from gateway.fleet.router import LiveDeployment
 from gateway.policy.auth import Caller
 from gateway.policy.budgets import Reservation
 from gateway.policy.content_filter import Filter
 from gateway.policy.limits import Bucket, Limiter, RawHeaders, buckets_for
 from gateway.policy.media import MediaPolicy
-from gateway.policy.token_count import PromptCounter
-from gateway.record import RequestRecord
-from gateway.router import LiveDeployment
+from gateway.telemetry.record import RequestRecord
 
 
 @dataclass(slots=True)

@@ -9,17 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Awaitable
 
-from gateway.config import Key
+from gateway.config.settings import Key
+from gateway.core.disconnect import unless_client_leaves
 from gateway.core.errors import DeploymentForbidden
-from gateway.disconnect import unless_client_leaves
+from gateway.core.token_count import estimate
+from gateway.fleet.router import LiveDeployment, Router
 from gateway.policy import capabilities
 from gateway.policy.admission import Admission, Policy
 from gateway.policy.budgets import accounts, exhausted, most_generated, reservation
 from gateway.policy.extra_params import DROPPED_HEADER, apply_extra_params, dropped_header, resolve_policy
 from gateway.policy.extra_params import HEADER as EXTRA_PARAMS_HEADER
 from gateway.policy.limits import Bucket, limited_kinds, rate_headers, refused, too_large
-from gateway.policy.token_count import estimate
-from gateway.router import LiveDeployment, Router
 
 
 class Route:

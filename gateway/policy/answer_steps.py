@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from gateway.core.canonical import EventStream, Item, Usage
+from gateway.fleet.router import LiveDeployment
 from gateway.policy.admission import Admission, Policy
 from gateway.policy.budgets import Reservation, used
 from gateway.policy.limits import Limiter
-from gateway.router import LiveDeployment
 
 Take = Callable[[Item], None]  # takes a whole answer's items, one by one
 

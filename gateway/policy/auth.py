@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from gateway.config import Key
+from gateway.config.settings import Key
 from gateway.core.errors import Unauthorized
 
 KEY_PREFIX = "cg-"

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from backends.base import Capabilities
-from gateway.config import Budget, Price
+from gateway.config.settings import Budget, Price
 from gateway.core.canonical import ChatRequest, Usage
 from gateway.core.errors import BadRequest, TooManyRequests
 

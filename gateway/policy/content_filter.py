@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from gateway.config import ContentFilter, FilterRules
+from gateway.config.settings import ContentFilter, FilterRules
 from gateway.core.canonical import (
     Event,
     EventStream,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.config import ExtraParamsPolicy
+from gateway.config.settings import ExtraParamsPolicy
 from gateway.core.canonical import ChatRequest
 from gateway.core.errors import BadRequest
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from gateway.config import Limits
+from gateway.config.settings import Limits
 from gateway.core.errors import TooManyRequests
 
 if TYPE_CHECKING:

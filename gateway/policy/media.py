@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from gateway.config import Media
+from gateway.config.settings import Media
 from gateway.core.canonical import ChatRequest
 from gateway.core.errors import (
     BadRequest,

@@ -18,7 +18,7 @@ from urllib.parse import urljoin
 import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
 
-from gateway.config import MediaFetch
+from gateway.config.settings import MediaFetch
 from gateway.policy.media_url import FetchFailed, ImageURL, Malformed, TooLarge, Unreadable, parse_image_url
 
 # screens a URL's host: the addresses it may be fetched from (raises the refusal otherwise)

@@ -6,7 +6,7 @@ The answer (as it comes back):
     ANSWER_USAGE — when the usage passes, in this order;
     ANSWER_STREAM — layers stacked on the events, innermost first (for an answer not streamed,
     the same steps see each item on its way to the fold, in the same order).
-(The README's "Policy" section lists the same order; tests/test_policy_pipeline.py holds it.)
+(The README's "Policy" section lists the same order; tests/unit/test_policy_pipeline.py holds it.)
 
 Each deployment's lists are built once, when the runtime is (at start and at each reload),
 with only the steps it has something for; a request then runs its deployment's lists: plain
@@ -21,6 +21,7 @@ from typing import Protocol, TypeVar
 from starlette.types import Receive
 
 from gateway.core.canonical import ChatRequest, EventStream, Usage
+from gateway.fleet.router import LiveDeployment, Router
 from gateway.policy.admission import Admission, Policy
 from gateway.policy.admission_steps import (
     Budgets,
@@ -44,8 +45,7 @@ from gateway.policy.answer_steps import (
     release_unsettled,
 )
 from gateway.policy.auth import Caller
-from gateway.record import RequestRecord
-from gateway.router import LiveDeployment, Router
+from gateway.telemetry.record import RequestRecord
 
 
 class AdmissionStep(Protocol):

@@ -20,7 +20,7 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from gateway.config import RedisLimits
+from gateway.config.settings import RedisLimits
 from gateway.core.errors import ServiceUnavailable
 from gateway.policy.breaker import Breaker
 from gateway.policy.limits import Bucket, Verdict, cost_of

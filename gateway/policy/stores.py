@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from gateway.config import RateLimiting, Settings
+from gateway.config.settings import RateLimiting, Settings
 from gateway.policy.limits import Limiter, MemoryLimiter
 from gateway.policy.redis_limiter import RedisLimiter
 

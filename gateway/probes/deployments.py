@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from backends.openai_compatible import OpenAICompatibleBackend
-from gateway.policy.capabilities import effective
+from gateway.config.capabilities import effective
+from gateway.fleet.router import LiveDeployment, Replica, Router
 from gateway.probes.findings import ProbeReport, ProbeUnavailable
 from gateway.probes.narrowing import narrowed, not_honoured, refused_requests
 from gateway.probes.runner import Target, probe
 from gateway.probes.sets import PROBE_SETS
-from gateway.router import LiveDeployment, Replica, Router
 
 log = logging.getLogger("chatgate.probes")
 RETRY_SECONDS = (5.0, 15.0, 60.0)  # waits after failed tries; the last, for good

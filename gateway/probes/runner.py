@@ -12,8 +12,8 @@ from typing import Any
 
 import orjson
 
-from backends.stream_decoders import decoder_for
-from backends.upstream_client import Limits, UpstreamClient, UpstreamError
+from backends.http.client import Limits, UpstreamClient, UpstreamError
+from backends.http.stream_decoders import decoder_for
 from gateway.probes.findings import Finding, ProbeReport, ProbeUnavailable
 from gateway.probes.probe_set import Answer, ProbeSet
 

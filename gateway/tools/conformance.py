@@ -24,7 +24,7 @@ from typing import Any
 
 from gateway.dialects.registry import DIALECTS
 from gateway.dialects.rules import Rule, first_breach
-from gateway.spec import DialectSpec, load_document
+from gateway.http.documents import DialectSpec, load_document
 from gateway.tools.conformance_examples import KEY_HEADERS, record_failure
 from gateway.tools.conformance_report import Report
 from gateway.tools.conformance_report import render as render_lines

@@ -9,7 +9,7 @@ import copy
 from typing import Any
 
 from gateway.dialects.registry import DIALECTS
-from gateway.spec import load_document
+from gateway.http.documents import load_document
 from gateway.tools.conformance_examples import KEY_HEADERS
 from gateway.tools.conformance_report import NOT_PROBED, Feature
 

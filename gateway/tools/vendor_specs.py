@@ -11,7 +11,7 @@ Swagger 2.0 writes `x-nullable`, and the Aleph Alpha extract stores numbers and 
 strings ("-2", "true") and points at a schema it does not contain (SteeringConceptRef). Where
 chatgate answers differently from a vendor's document on purpose (the seed, or the real
 service, says otherwise), the difference is a `Deviation` applied to the vendor's schema, with
-its reason; tests/test_vendor_specs.py proves each one is still needed by what the gateway
+its reason; tests/integration/test_vendor_specs.py proves each one is still needed by what the gateway
 answers (not by the project's own examples). Where the vendor's error bodies and the seed's
 disagree in kind, errors are checked against the seed's tables (`seed_errors`).
 """

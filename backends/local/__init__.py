@@ -1,0 +1,1 @@
+"""The local backend: a transformers model in this process."""

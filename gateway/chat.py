@@ -1,0 +1,234 @@
+"""The chat request's one flow, the same for every dialect:
+
+    translator.read → runtime.admit (policy: gateway/policy/pipeline.py; images screened in
+    dialects that say so) → runtime.generate (router, dispatch, backend, the answer's policy)
+    → translator.completion, or translator.chunks framed as SSE / JSON lines
+
+The translator only translates and the runtime only decides; this module is the only one that
+calls both. Its inputs are explicit: the front door's `Call`, the dialect's translator, the
+runtime.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+from starlette.responses import Response
+
+from gateway.core.canonical import (
+    ChatRequest,
+    Event,
+    EventStream,
+    Folded,
+    Item,
+    ServedBy,
+    TextDelta,
+    answer_too_large,
+)
+from gateway.core.disconnect import unless_client_leaves
+from gateway.core.errors import ClientGone, GatewayError, InternalError
+from gateway.core.ids import random_hex
+from gateway.core.trace import Trace
+from gateway.dialects.dialect import Dialect
+from gateway.dialects.shape import JSON, Answer, OpenAIShaped, StreamState
+from gateway.http.call import Call
+from gateway.http.streaming import EventStreamResponse
+from gateway.runtime import Admission, Runtime
+from gateway.telemetry.record import RequestRecord
+
+log = logging.getLogger("chatgate")
+
+
+async def until_content(events: EventStream) -> list[Item]:
+    """The items up to and including the first that holds a token, a tool call, a finish or a
+    usage (not only who served it, nor an empty text: a role-only first chunk); all of them if
+    the answer ends first."""
+    held: list[Item] = []
+    async for item in events:
+        held.append(item)
+        if any(map(is_content, item if isinstance(item, list) else (item,))):
+            break
+    return held
+
+
+def is_content(event: Event) -> bool:
+    if isinstance(event, TextDelta):
+        return bool(event.text or event.logprobs)
+    return not isinstance(event, ServedBy)
+
+
+class ChatPipeline:
+    """The handler of a dialect's chat operations."""
+
+    def __init__(self, runtime: Runtime, dialect: Dialect, translator: OpenAIShaped) -> None:
+        self.runtime = runtime
+        self.translator = translator
+        self.routing_header = dialect.routing_header
+        self.screens_media = dialect.screens_media
+        self.max_response_bytes = runtime.settings.server.max_response_bytes
+
+    async def __call__(self, call: Call) -> Response:
+        """Counted on the runtime from here until the answer has ended (a stream's last chunk):
+        a reload closes what it retires only when its requests have ended."""
+        self.runtime.began()
+        streaming = False
+        try:
+            response = await self.answer(call)
+            streaming = isinstance(response, EventStreamResponse)
+            return response
+        finally:
+            if not streaming:
+                self.runtime.ended()
+
+    async def answer(self, call: Call) -> Response:
+        translator, runtime = self.translator, self.runtime
+        request = translator.read(call.body)
+        request.trace = call.record.ids = Trace.of(call.request_id, call.headers)
+        call.record.stream = request.stream
+        deployment_name = call.headers.get(self.routing_header) if self.routing_header else None
+        receive = call.receive if self.screens_media else None
+        admission = await runtime.admit(
+            request, call.headers, call.caller, call.record, deployment_name, receive
+        )
+        try:
+            return await self.respond(call, request, admission)
+        except BaseException:
+            await runtime.release(admission)  # ended before an answer could settle it
+            raise
+
+    async def respond(self, call: Call, request: ChatRequest, admission: Admission) -> Response:
+        translator, runtime = self.translator, self.runtime
+        answer = Answer(
+            id=translator.id_prefix + random_hex(),
+            created=int(time.time()),
+            model=request.model or admission.deployment.model,
+            request=request,
+        )
+        if not request.stream:
+            whole = Folded(self.max_response_bytes)  # refuses an answer past the limit as it grows
+            await unless_client_leaves(
+                runtime.complete(admission, request, call.record, whole.add_item), call.receive, call.client
+            )
+            completion = whole.completion()
+            response = Response(orjson.dumps(translator.completion(answer, completion)), media_type=JSON)
+            response.raw_headers += admission.headers
+            return response
+        events = runtime.generate(admission, request, call.record)
+        # Hold the 200 until the first token: until then every failure is still an HTTP error
+        # in the dialect's shape (a role-only first chunk or a keep-alive would have sent the
+        # 200 and left the failure to an error event). Past the hold (for clients behind idle
+        # timeouts) the stream starts and keeps itself alive while it waits.
+        first = asyncio.ensure_future(until_content(events))
+        framing = translator.framing
+        timeouts = admission.deployment.config.timeouts
+        hold = timeouts.headers if framing.keepalive else None
+        try:
+            await unless_client_leaves(until_started(first, hold, call.record), call.receive, call.client)
+        except ClientGone:
+            first.cancel()
+            with contextlib.suppress(BaseException):
+                await first
+            await events.aclose()
+            raise
+        if first.done() and (failure := first.exception()) is not None:
+            await events.aclose()
+            raise failure
+        keepalive = timeouts.keepalive if framing.keepalive else None
+
+        async def ended() -> None:
+            """However the stream ended (even before its body began): the upstream closed, an
+            unsettled reservation released, the request counted out of the runtime."""
+            try:
+                if not first.done():
+                    first.cancel()
+                    with contextlib.suppress(BaseException):  # off the generator before closing it
+                        await first
+                await events.aclose()
+                await runtime.release(admission)
+            finally:
+                runtime.ended()
+
+        return EventStreamResponse(
+            self.stream(answer, first, events, call, keepalive),
+            framing.media_type,
+            admission.headers,
+            call.record,
+            on_end=ended,
+        )
+
+    def rendered(self, answer: Answer, item: Item, state: StreamState) -> bytes:
+        """An item's chunks, framed, as one piece."""
+        translator, frame = self.translator, self.translator.framing.frame
+        if not isinstance(item, list):
+            return b"".join(map(frame, translator.chunks(answer, item, state)))
+        return b"".join(frame(chunk) for event in item for chunk in translator.chunks(answer, event, state))
+
+    async def stream(
+        self,
+        answer: Answer,
+        first: asyncio.Future[list[Item]],
+        events: EventStream,
+        call: Call,
+        keepalive: float | None,
+    ) -> AsyncIterator[bytes]:
+        """The answer's events as the dialect's stream; a failure ends it with an error in the
+        dialect's shape (an error event its SDKs raise on), never an invented finish reason."""
+        translator = self.translator
+        frame = translator.framing.error
+        state: StreamState[Any] = StreamState()  # any dialect's chunks: this serves them all
+        room = self.max_response_bytes
+        try:
+            while not first.done():
+                await asyncio.wait({first}, timeout=keepalive)
+                if not first.done() and translator.framing.keepalive is not None:
+                    yield translator.framing.keepalive
+            held = first.result()
+            if held:
+                # what came up to the first token goes out in one write (a choice's role chunk
+                # and its first text arrive together)
+                if data := b"".join(self.rendered(answer, item, state) for item in held):
+                    room -= len(data)
+                    yield data
+                # a turn of the loop, so that the first chunk leaves now: the edge joins what
+                # one turn writes, and a burst the upstream sent at once (all read in this
+                # turn) would otherwise hold it back until the burst was rendered
+                await asyncio.sleep(0)
+                async for item in events:
+                    if data := self.rendered(answer, item, state):
+                        room -= len(data)
+                        if room < 0:
+                            raise answer_too_large(self.max_response_bytes)
+                        yield data
+        except GatewayError as error:
+            # the status went out as 200 with the first byte; the record says how it ended
+            call.record.error_code = error.code
+            yield frame(translator.error(error, call.request_id).body)
+            return
+        except Exception:  # an unexpected fault mid-stream: report it in shape, never hang
+            log.exception("stream failed")
+            failure = InternalError("The backend failed mid-stream.")
+            call.record.error_code = failure.code
+            yield frame(translator.error(failure, call.request_id).body)
+            return
+        finally:
+            if not first.done():
+                first.cancel()
+                with contextlib.suppress(BaseException):
+                    await first
+            await events.aclose()
+        if translator.framing.done is not None:
+            yield translator.framing.done
+
+
+async def until_started(first: asyncio.Future, hold: float | None, record: RequestRecord) -> None:
+    """Until the first token, or `hold` seconds after a replica took the request: a request
+    waiting in a queue for one has no status yet (its 503 must come before any byte of a 200)."""
+    await asyncio.wait({first}, timeout=hold)
+    while record.queued and not first.done():
+        await asyncio.wait({first}, timeout=hold)

@@ -1,0 +1,2 @@
+"""Where a request goes: the router picks a deployment's replica, the dispatcher tries it, the wait
+queue holds what cannot start yet."""

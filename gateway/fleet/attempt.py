@@ -1,0 +1,293 @@
+"""One try of a request on one replica: its span, the timer on the upstream's waits, the relay
+of its events, the replica's health verdict, and the upstream's stream closed however it ends."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Literal
+
+from gateway.core.canonical import (
+    ChatRequest,
+    EventStream,
+    Item,
+    RefusalDelta,
+    TextDelta,
+    ToolCallDelta,
+    Usage,
+)
+from gateway.core.deadline import Deadline, DeadlinePassed
+from gateway.core.errors import (
+    BadGateway,
+    GatewayError,
+    GatewayTimeout,
+    ServiceUnavailable,
+    TooManyRequests,
+    UpstreamAnswerTooLarge,
+    UpstreamBusy,
+    UpstreamRefused,
+    UpstreamUnreachable,
+)
+from gateway.fleet.router import LiveDeployment, Replica
+from gateway.telemetry.metrics import Metrics
+from gateway.telemetry.record import RequestRecord
+from gateway.telemetry.tracing import Tracing
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
+# Longest run of events relayed without giving the event loop a turn.
+TURN_SECONDS = 0.005
+# Upstream failures worth another replica: it is down, broken, or busy (connection errors, 5xx,
+# 429, timeouts). An upstream's 4xx is the request's own fault: never retried, no health mark.
+RETRYABLE = (BadGateway, ServiceUnavailable, TooManyRequests, GatewayTimeout)
+# ... except these, which another try gets again: the gateway's credentials refused (401/403),
+# an answer too large to relay. No health mark either.
+NOT_RETRIED = (UpstreamRefused, UpstreamAnswerTooLarge)
+
+
+Verdict = Literal["busy", "down", "failed", "failed-now", "none"]
+
+
+def verdict_of(error: GatewayError) -> Verdict:
+    """What an upstream failure says of the replica that gave it."""
+    if isinstance(error, TooManyRequests | UpstreamBusy):
+        return "busy"  # it said so (429), or its connections are all taken: not broken
+    if isinstance(error, UpstreamUnreachable | GatewayTimeout):
+        return "down"
+    return "failed"
+
+
+def delivered_tokens(event: TextDelta | RefusalDelta | ToolCallDelta) -> int:
+    """The completion tokens one relayed event holds, for an answer that ends without its usage:
+    its logprob entries, else its words (at least one for any text: a streamed fragment is a
+    token or more), as the openai-compatible backend estimates an upstream's missing usage."""
+    if isinstance(event, ToolCallDelta):
+        text = event.arguments
+    elif event.logprobs:
+        return len(event.logprobs)
+    else:
+        text = event.text
+    return len(text.split()) or (1 if text else 0)
+
+
+def retry_after(error: GatewayError) -> float:
+    try:
+        return float(error.headers.get("Retry-After", 0))
+    except ValueError:
+        return 0.0
+
+
+class Watchdog:
+    """Times the waits for an upstream's next event with one timer per stream, not one per event
+    (gateway/core/deadline.py).
+
+    Only the wait for the upstream is timed (a slow client must not look like a slow model).
+    """
+
+    def __init__(self) -> None:
+        self.deadline = Deadline(0.0)
+        self.loop = self.deadline.loop
+
+    async def next(self, events: EventStream, timeout: float, what: str) -> Item | None:
+        self.deadline.when = self.loop.time() + timeout
+        try:
+            return await self.deadline.wait(anext(events, None))
+        except DeadlinePassed:
+            raise GatewayTimeout(
+                f"The model did not answer in time ({what}: {timeout:g}s).", code="UpstreamTimeout"
+            ) from None
+
+    def stop(self) -> None:
+        self.deadline.close()
+
+
+class Attempt:
+    """A request on one replica, from its start to its verdict.
+
+    `first()` waits for the first event (the time to first token); before it, a failure may be
+    tried elsewhere (`failed`, `abandon`); after it, `relay()` passes the rest on."""
+
+    def __init__(
+        self,
+        live: LiveDeployment,
+        replica: Replica,
+        request: ChatRequest,
+        record: RequestRecord,
+        deadline: float,
+        metrics: Metrics,
+        tracing: Tracing | None,
+        on_usage: Callable[[Usage], Awaitable[None]] | None,
+    ) -> None:
+        self.live, self.replica = live, replica
+        self.request, self.record = request, record
+        self.deadline = deadline
+        self.metrics = metrics
+        self.on_usage = on_usage
+        record.deployment, record.replica = live.name, replica.name
+        replica.started()
+        self.begun = time.monotonic()
+        metrics.replica_health(live.name, replica)
+        self.span = self.start_span(tracing)
+        self.events = replica.backend.generate(request)
+        self.watchdog = Watchdog()
+        self.relayed = 0  # completion tokens passed on, while no usage has come
+        self.usage_seen = False
+
+    def start_span(self, tracing: Tracing | None) -> Span | None:
+        """A client span for this attempt, under the request's server span; the upstream gets its
+        traceparent (with tracing off, the client's own goes on as it came)."""
+        if tracing is None or self.record.span is None:
+            return None
+        live, request = self.live, self.request
+        model = request.model or live.model
+        span = tracing.client_span(self.record.span, live.name, self.replica.name, live.config.backend, model)
+        carried = tracing.traceparent(span)
+        request.trace.traceparent = carried.get("traceparent", request.trace.traceparent)
+        return span
+
+    def end_span(self) -> None:
+        if self.span is not None:
+            self.span.end()
+
+    async def first(self) -> Item | None:
+        timeout = min(self.live.config.timeouts.first_token, self.deadline - time.monotonic())
+        return await self.watchdog.next(self.events, timeout, "time to first token")
+
+    async def relay(self, first: Item | None) -> EventStream:
+        """The rest of a stream that has begun, passed on as it comes: idle and total timeouts,
+        health verdict. An answer that ends without its usage (the client gone, the upstream cut
+        or timed out) is charged what was relayed: the prompt as admission counted it, and the
+        tokens passed on (`delivered_tokens`)."""
+        item = first
+        clock = self.watchdog.loop.time
+        turn_at = clock() + TURN_SECONDS
+        try:
+            while item is not None:
+                if (charging := self.noted(item)) is not None:
+                    await charging
+                yield item
+                if clock() >= turn_at:
+                    # A backend with events ready (echo, a buffered upstream) and a client that
+                    # takes them without waiting (or has gone, so sends return at once) would
+                    # never suspend: give the loop a turn, so other requests are served and a
+                    # disconnect is heard (it cancels this task here).
+                    await asyncio.sleep(0)
+                    turn_at = clock() + TURN_SECONDS
+                item = await self.following()
+        except BaseException as error:
+            await self.ended_by(error)
+            raise
+        finally:
+            await self.charge_unseen()
+        self.succeeded()
+
+    async def rest(self, first: Item | None, take: Callable[[Item], None]) -> None:
+        """The whole of an answer that has begun (a request not streamed), handed to `take` item
+        by item in the request's own task (which may refuse more: an answer too large), under
+        the same timeouts and verdicts as `relay`."""
+        item = first
+        try:
+            while item is not None:
+                if (charging := self.noted(item)) is not None:
+                    await charging
+                take(item)
+                item = await self.following()
+        except BaseException as error:
+            await self.ended_by(error)
+            raise
+        finally:
+            await self.charge_unseen()
+        self.succeeded()
+
+    def noted(self, item: Item) -> Awaitable[None] | None:
+        """What an item passing on tells the record and the bill: the first token, the tokens
+        relayed, the usage (the charge for it, to await)."""
+        charging = None
+        for event in item if isinstance(item, list) else (item,):
+            if isinstance(event, TextDelta | RefusalDelta | ToolCallDelta):
+                self.record.first_token()
+                self.relayed += delivered_tokens(event)
+            elif isinstance(event, Usage):
+                self.usage_seen = True
+                self.record.prompt_tokens = event.prompt_tokens
+                self.record.completion_tokens = event.completion_tokens
+                if self.span is not None:
+                    self.span.set_attributes(
+                        {
+                            "gen_ai.usage.input_tokens": event.prompt_tokens,
+                            "gen_ai.usage.output_tokens": event.completion_tokens,
+                        }
+                    )
+                if self.on_usage is not None:
+                    charging = self.on_usage(event)
+        return charging
+
+    def following(self) -> Awaitable[Item | None]:
+        """The upstream's next item, within the idle timeout and what is left of the total."""
+        remaining = self.deadline - time.monotonic()
+        if remaining <= 0:
+            raise GatewayTimeout("The request took longer than its total time.", code="TotalTimeout")
+        idle = self.live.config.timeouts.idle
+        what = "idle between chunks" if idle <= remaining else "total time"
+        return self.watchdog.next(self.events, min(idle, remaining), what)
+
+    async def ended_by(self, error: BaseException) -> None:
+        """The answer, begun, ended in `error`: the replica's verdict and the upstream closed."""
+        if isinstance(error, NOT_RETRIED):
+            await self.failed(error, verdict="none")
+        elif isinstance(error, RETRYABLE):
+            # the answer had begun: a replica that breaks off (or goes quiet) is to blame
+            verdict = verdict_of(error)
+            await self.failed(error, "failed-now" if verdict == "failed" else verdict)
+        elif isinstance(error, GatewayError):
+            self.span_failed(error)
+            await self.abandon()
+        else:  # the client went away (GeneratorExit, cancellation)
+            await self.abandon()
+
+    async def charge_unseen(self) -> None:
+        """Closing just before the usage must not make the answer free: an answer that ended
+        without its usage is charged the prompt as admission counted it, and what was relayed."""
+        if not self.usage_seen:
+            prompt_tokens = self.request.prompt_tokens
+            self.record.prompt_tokens, self.record.completion_tokens = prompt_tokens, self.relayed
+            if self.on_usage is not None:
+                await self.on_usage(Usage(prompt_tokens, self.relayed))
+
+    def succeeded(self) -> None:
+        self.watchdog.stop()
+        self.replica.succeeded(time.monotonic() - self.begun)
+        self.metrics.replica_health(self.live.name, self.replica)
+
+    def span_failed(self, error: GatewayError) -> None:
+        if self.span is not None:
+            from opentelemetry.trace import Status, StatusCode
+
+            self.span.set_attributes({"error.type": error.code, "http.response.status_code": error.status})
+            self.span.set_status(Status(StatusCode.ERROR, error.code))
+
+    async def failed(self, error: GatewayError, verdict: Verdict = "failed-now") -> None:
+        """Ended in an upstream error: its span, its timer, the replica's health (by the verdict:
+        "down" ejects it, "failed-now" marks it, "failed" leaves the mark to the request's later
+        attempts, "busy" and "none" mark nothing), the error counted, the upstream's stream
+        closed."""
+        self.span_failed(error)
+        self.watchdog.stop()
+        replica = self.replica
+        if verdict == "down":
+            replica.eject()
+        elif verdict == "failed-now":
+            replica.failed()
+        else:
+            replica.finished_without_verdict()
+        self.metrics.upstream_error(self.live.name, replica.name, error)
+        self.metrics.replica_health(self.live.name, replica)
+        await self.events.aclose()
+
+    async def abandon(self) -> None:
+        """Ended by something that says nothing of the replica (the client gone, a gateway error)."""
+        self.watchdog.stop()
+        self.replica.finished_without_verdict()
+        await self.events.aclose()

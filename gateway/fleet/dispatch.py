@@ -1,0 +1,262 @@
+"""Send a request to a deployment's replicas: pick one, retry and fall back while nothing has
+reached the client, and wait in the deployment's queue when every replica is full. One try on
+one replica is an `Attempt` (gateway/fleet/attempt.py): its timeouts, its relay and its verdict."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Awaitable, Callable
+
+from gateway.core.canonical import ChatRequest, EventStream, Item, Usage
+from gateway.core.errors import GatewayError, GatewayTimeout, ServiceUnavailable
+from gateway.fleet.attempt import NOT_RETRIED, RETRYABLE, Attempt, verdict_of
+from gateway.fleet.router import LiveDeployment, Replica
+from gateway.fleet.wait_queue import QueueFull
+from gateway.telemetry.metrics import Metrics
+from gateway.telemetry.record import RequestRecord
+from gateway.telemetry.tracing import Tracing
+
+
+def request_failed(error: GatewayError, replicas: int) -> GatewayError:
+    """A request that failed the same way on every replica it tried: its own failure, counted
+    against none of them (its status and headers kept)."""
+    where = "its only replica" if replicas <= 1 else f"{replicas} replicas"
+    message = f"{error.message.rstrip('.')} (on {where}; not tried again)."
+    failure = type(error)(message, code=error.code, headers=error.headers)
+    failure.__cause__ = error
+    return failure
+
+
+def retry_after(error: GatewayError) -> float:
+    try:
+        return float(error.headers.get("Retry-After", 0))
+    except ValueError:
+        return 0.0
+
+
+class Tries:
+    """What one request's attempts have learnt: the replicas tried, those it does not go back to,
+    those that failed it (blamed only if another then answers), when busy ones said to return,
+    and its place in a deployment's queue."""
+
+    def __init__(self, deployment: LiveDeployment, record: RequestRecord, metrics: Metrics) -> None:
+        retries = deployment.config.retries
+        self.most = retries.attempts
+        self.budget_ends = time.monotonic() + retries.budget
+        self.record, self.metrics = record, metrics
+        self.count = 0
+        self.tried: set[str] = set()
+        self.never_again: set[str] = set()  # replicas this request does not go back to
+        self.suspects: list[tuple[LiveDeployment, Replica]] = []
+        self.busy_until: dict[str, float] = {}
+        self.last_error: GatewayError | None = None
+        self.queued_until: float | None = None  # on the loop's clock: the end of its wait for room
+
+    @property
+    def left(self) -> bool:
+        return self.count < self.most
+
+    def begin(self, replica: Replica) -> None:
+        self.count += 1
+        self.tried.add(replica.name)
+
+    async def wait_if_busy(self, replica: Replica) -> None:
+        """A replica that said when to come back (Retry-After) is waited for."""
+        if replica.name in self.busy_until:
+            wait = self.busy_until.pop(replica.name) - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+
+    def failed(self, error: GatewayError, live: LiveDeployment, replica: Replica) -> None:
+        """Before its first event, an attempt failed in a way worth another: raises when this
+        request has no try left, or when it failed a second replica the same way (then it is the
+        request's own failure)."""
+        verdict = verdict_of(error)
+        if verdict == "failed" or isinstance(error, GatewayTimeout):
+            self.never_again.add(replica.name)  # it had its chance at this request
+        if verdict == "failed":
+            if self.suspects:
+                raise request_failed(error, len(self.suspects) + 1) from None
+            self.suspects.append((live, replica))
+        self.last_error = error
+        wait = retry_after(error)
+        if time.monotonic() + wait >= self.budget_ends or not self.left:
+            raise self.failure(error) from None
+        if wait:
+            self.busy_until[replica.name] = time.monotonic() + wait
+        self.record.retries += 1
+        self.metrics.retry(live.name)
+
+    def failure(self, error: GatewayError) -> GatewayError:
+        return request_failed(error, len(self.suspects)) if self.suspects else error
+
+    def answered(self) -> None:
+        """Another replica answered: those that failed this request are to blame."""
+        for live, suspect in self.suspects:
+            suspect.count_failure()
+            self.metrics.replica_health(live.name, suspect)
+        self.suspects.clear()
+
+
+class Dispatcher:
+    def __init__(self, metrics: Metrics, rng: random.Random, tracing: Tracing | None = None) -> None:
+        self.metrics = metrics
+        self.rng = rng
+        self.tracing = tracing  # None: off
+
+    async def events(
+        self,
+        deployment: LiveDeployment,
+        request: ChatRequest,
+        record: RequestRecord,
+        on_usage: Callable[[Usage], Awaitable[None]] | None = None,
+    ) -> EventStream:
+        """A stream's events; `on_usage` hears the usage as it passes (to charge for it)."""
+        attempt, first = await self.started(deployment, request, record, on_usage)
+        try:
+            async for item in attempt.relay(first):
+                yield item
+        finally:
+            attempt.end_span()
+
+    async def complete(
+        self,
+        deployment: LiveDeployment,
+        request: ChatRequest,
+        record: RequestRecord,
+        take: Callable[[Item], None],
+        on_usage: Callable[[Usage], Awaitable[None]] | None = None,
+    ) -> None:
+        """A whole answer (a request not streamed), its items handed to `take` in the request's
+        own task: no generator between the backend's events and the handler."""
+        attempt, first = await self.started(deployment, request, record, on_usage)
+        try:
+            await attempt.rest(first, take)
+        finally:
+            attempt.end_span()
+
+    async def started(
+        self,
+        deployment: LiveDeployment,
+        request: ChatRequest,
+        record: RequestRecord,
+        on_usage: Callable[[Usage], Awaitable[None]] | None,
+    ) -> tuple[Attempt, Item | None]:
+        """The attempt that gave the answer's first event, and that event.
+
+        Before the first event, a failed attempt is tried again elsewhere by what it says of the
+        replica (`verdict_of`): busy → another replica, or the same after its Retry-After; down
+        (unreachable, or no answer in time) → ejected at once, another replica; failed (a 5xx, a
+        broken answer) → never that replica again for this request, and one more attempt on
+        another. The failure is held against the replica only if another one then answers: a
+        request that fails the same way everywhere it went is that request's failure."""
+        deadline = time.monotonic() + deployment.config.timeouts.total
+        tries = Tries(deployment, record, self.metrics)
+        chain = deployment.chain()
+        for live in chain:
+            while tries.left:
+                last_resort = live is chain[-1]
+                # at once when a replica has room and nobody waits (no coroutine for the rest)
+                replica = (
+                    self.choose(live, tries.tried, tries.never_again, last_resort) if not live.queue else None
+                )
+                if replica is None:
+                    replica = await self.replica_for(live, tries, last_resort)
+                    if replica is None:
+                        break
+                if tries.busy_until:
+                    await tries.wait_if_busy(replica)
+                tries.begin(replica)
+                attempt = Attempt(
+                    live, replica, request, record, deadline, self.metrics, self.tracing, on_usage
+                )
+                try:
+                    first = await attempt.first()
+                except NOT_RETRIED as error:
+                    await attempt.failed(error, verdict="none")
+                    attempt.end_span()
+                    raise
+                except RETRYABLE as error:
+                    await attempt.failed(error, verdict_of(error))
+                    attempt.end_span()
+                    tries.failed(error, live, replica)
+                    continue
+                except BaseException:
+                    await attempt.abandon()
+                    attempt.end_span()
+                    raise
+                tries.answered()
+                return attempt, first
+        if tries.last_error is not None:
+            raise tries.failure(tries.last_error)
+        raise ServiceUnavailable(
+            f"No healthy replica of '{deployment.name}' can take the request now.",
+            code="NoHealthyReplica",
+            headers={"Retry-After": str(max(1, int(deployment.config.health.cooldown)))},
+        )
+
+    async def replica_for(self, live: LiveDeployment, tries: Tries, last_resort: bool) -> Replica | None:
+        """The replica for the next attempt on `live`, after waiting in its queue when every
+        replica is full; None when `live` has none to offer (the chain goes on)."""
+        while True:
+            # a new request does not pass those already waiting
+            behind = tries.queued_until is None and len(live.queue) > 0
+            replica = None if behind else self.choose(live, tries.tried, tries.never_again, last_resort)
+            if replica is not None:
+                return replica
+            if not behind and not live.full(tries.never_again):
+                return None
+            if tries.queued_until is None:
+                tries.queued_until = asyncio.get_running_loop().time() + live.queue.timeout
+                await self.wait_for_room(live, tries.record, tries.queued_until)
+            else:  # woken, and the room went to another (or is on a replica it left)
+                await self.wait_for_room(live, tries.record, tries.queued_until, again=True)
+
+    async def wait_for_room(
+        self, live: LiveDeployment, record: RequestRecord, until: float, again: bool = False
+    ) -> None:
+        """Wait in the deployment's queue until a replica frees a slot; a 503 with Retry-After
+        when the queue is full or the wait reaches `until`. `again`: woken before (and the slot
+        taken by another, or on a replica this request may not go back to), it waits at the head.
+
+        503, not 429: the deployment is busy, not this client over its own limits; clients and
+        proxies retry a 503 with Retry-After elsewhere or later, as they do a busy upstream's."""
+        queue = live.queue
+        record.queued = True
+        self.metrics.waiting(live.name, +1)
+        try:
+            await queue.wait(until, first=again)
+        except QueueFull:
+            raise ServiceUnavailable(
+                f"Every replica of '{live.name}' is busy and {len(queue)} requests wait already; "
+                "try again later.",
+                code="QueueFull",
+                headers={"Retry-After": str(live.drain_seconds())},
+            ) from None
+        except TimeoutError:
+            raise ServiceUnavailable(
+                f"No replica of '{live.name}' had room for the request within "
+                f"{queue.timeout:g} s; try again later.",
+                code="QueueTimeout",
+                headers={"Retry-After": str(live.drain_seconds())},
+            ) from None
+        finally:
+            record.queued = False
+            self.metrics.waiting(live.name, -1)
+
+    def choose(
+        self, live: LiveDeployment, tried: set[str], never_again: set[str], last_resort: bool
+    ) -> Replica | None:
+        """The next replica to try: one not tried yet; on the last deployment of the chain, one
+        tried already (it may have been a blip), and with every replica ejected, one anyway
+        (panic routing: an upstream that is back serves at once, not after its cool-down)."""
+        replica = live.pick(tried | never_again, self.rng)
+        if replica is None and last_resort:
+            replica = live.pick(never_again, self.rng)
+            if replica is None:
+                replica = live.pick_ejected(tried, never_again, self.rng)
+                if replica is not None:
+                    self.metrics.panic(live.name)
+        return replica

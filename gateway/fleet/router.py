@@ -1,0 +1,259 @@
+"""Routing: the request's model name (or Azure's deployment header) → a chain of deployments
+(the one asked for, then its fallbacks); within a deployment, a healthy replica chosen by
+least outstanding requests among two weighted random picks, among those with room for one more
+(a replica takes `max_concurrent` at once; the rest wait in the deployment's `WaitQueue`)."""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from backends import Backend, Capabilities, create_backend
+from gateway.config.capabilities import effective
+from gateway.config.settings import ConfigError, Deployment
+from gateway.core.errors import DeploymentNotFound, ModelNotFound
+from gateway.fleet.wait_queue import WaitQueue
+
+WILDCARD = "*"
+
+
+@dataclass(slots=True)
+class Replica:
+    """One backend instance, with the passive-health state kept for it.
+
+    Outlier detection as Envoy does it: a replica is ejected for `cooldown` seconds after
+    `failures_to_eject` failures in a row, each from a different request that another replica
+    then answered (a request that fails the same way everywhere is that request's fault, and
+    marks nothing), or at once when it cannot be reached or does not answer in time. After the
+    cool-down one request probes it.
+
+    It serves `limit` requests at once (`outstanding`); each one that ends wakes the request
+    at the head of `queue`, if one waits."""
+
+    name: str
+    weight: float
+    backend: Backend
+    failures_to_eject: int
+    cooldown: float
+    limit: int = 1 << 62
+    queue: WaitQueue | None = None
+    outstanding: int = 0
+    consecutive_failures: int = 0
+    ejected_until: float = 0.0
+    probing: bool = False
+    latency: float = 0.0  # moving average of recent successful requests, in seconds
+
+    def available(self, now: float) -> bool:
+        """Healthy, or out of its cool-down and not already being probed."""
+        if self.consecutive_failures < self.failures_to_eject:
+            return True
+        return now >= self.ejected_until and not self.probing
+
+    @property
+    def healthy(self) -> bool:
+        return self.consecutive_failures < self.failures_to_eject
+
+    @property
+    def has_room(self) -> bool:
+        return self.outstanding < self.limit
+
+    def released(self) -> None:
+        self.outstanding -= 1
+        if self.queue is not None and self.queue.waiters:
+            self.queue.wake()
+
+    def started(self) -> None:
+        self.outstanding += 1
+        if not self.healthy:
+            self.probing = True  # this request is the probe
+
+    def succeeded(self, seconds: float) -> None:
+        self.released()
+        self.latency = seconds if not self.latency else 0.7 * self.latency + 0.3 * seconds
+        self.consecutive_failures = 0
+        self.probing = False
+
+    def finished_without_verdict(self) -> None:
+        """The attempt ended with no health signal yet (the client went away, the request was
+        refused for its own sake, or its verdict waits on another replica)."""
+        self.released()
+        self.probing = False
+
+    def failed(self) -> None:
+        """An attempt that failed by the replica's fault: one more in a row."""
+        self.finished_without_verdict()
+        self.count_failure()
+
+    def count_failure(self) -> None:
+        self.consecutive_failures += 1
+        if self.consecutive_failures >= self.failures_to_eject:
+            self.ejected_until = time.monotonic() + self.cooldown
+
+    def eject(self) -> None:
+        """Out at once (it cannot be reached, or did not answer in time)."""
+        self.finished_without_verdict()
+        self.consecutive_failures = max(self.consecutive_failures + 1, self.failures_to_eject)
+        self.ejected_until = time.monotonic() + self.cooldown
+
+
+@dataclass(slots=True)
+class LiveDeployment:
+    config: Deployment
+    replicas: list[Replica]
+    capabilities: Capabilities = field(init=False)
+    queue: WaitQueue = field(init=False)
+    fallbacks: list[LiveDeployment] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.capabilities = effective(self.replicas[0].backend.capabilities, self.config.capabilities)
+        concurrency = self.config.concurrency
+        self.queue = WaitQueue(concurrency.queue, concurrency.queue_timeout)
+        for replica in self.replicas:
+            replica.queue = self.queue
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def model(self) -> str:
+        return self.config.served_model
+
+    @property
+    def provider(self) -> str:
+        return self.config.provider
+
+    @property
+    def healthy(self) -> bool:
+        return any(r.healthy for r in self.replicas)
+
+    def pick(self, exclude: set[str], rng: random.Random) -> Replica | None:
+        """Power of two choices: two weighted random available replicas with room; the one with
+        fewer outstanding requests per weight wins, and on a tie the one that has been faster."""
+        now = time.monotonic()
+        candidates = [r for r in self.replicas if r.name not in exclude and r.has_room and r.available(now)]
+        return two_choices(candidates, rng) if candidates else None
+
+    def pick_ejected(self, exclude: set[str], never: set[str], rng: random.Random) -> Replica | None:
+        """A replica with room when none is available (every one ejected), chosen as `pick`
+        chooses, one not tried yet if there is one: panic routing, as Envoy's panic threshold
+        does it. `never`: replicas this request must not go back to."""
+        allowed = [r for r in self.replicas if r.name not in never and r.has_room]
+        fresh = [r for r in allowed if r.name not in exclude]
+        return two_choices(fresh or allowed, rng) if allowed else None
+
+    def full(self, never: set[str]) -> bool:
+        """A replica this request may still go to has no room now (so waiting is worth it)."""
+        return any(not r.has_room for r in self.replicas if r.name not in never)
+
+    def drain_seconds(self) -> int:
+        """About how long the requests waiting now take to be served (for Retry-After): each
+        replica's slots free at its average request's pace; at least 1."""
+        pace = sum(r.limit / r.latency for r in self.replicas if r.latency > 0)  # slots a second
+        if not pace:
+            return 1
+        return max(1, math.ceil((len(self.queue) + 1) / pace))
+
+    def chain(self) -> list[LiveDeployment]:
+        """This deployment, then its fallbacks in preference order."""
+        return [self, *self.fallbacks]
+
+
+def two_choices(candidates: list[Replica], rng: random.Random) -> Replica:
+    if len(candidates) == 1:
+        return candidates[0]
+    first = rng.choices(candidates, weights=[r.weight for r in candidates])[0]
+    others = [r for r in candidates if r is not first]
+    second = rng.choices(others, weights=[r.weight for r in others])[0]
+    return min((first, second), key=lambda r: ((r.outstanding + 1) / r.weight, r.latency))
+
+
+def pool_size(backend: Backend) -> int | None:
+    """The most connections an HTTP backend opens to its upstream at once (its options'
+    `max_connections`); None: no cap of its own."""
+    return getattr(getattr(backend, "options", None), "max_connections", None)
+
+
+class Router:
+    def __init__(
+        self,
+        deployments: list[Deployment],
+        kept: Mapping[str, LiveDeployment] | None = None,
+        proxy_environment: Mapping[str, str] | None = None,
+    ) -> None:
+        """`kept`: a previous router's deployments, reused where their config is unchanged (a
+        reload keeps their backends, pools and health). `proxy_environment`: the proxy variables
+        (the settings' environment), for backends with `proxy: env`."""
+        kept = kept or {}
+        proxies = proxy_environment or {}
+        self.deployments = {
+            d.name: kept[d.name] if d.name in kept and kept[d.name].config == d else self.build(d, proxies)
+            for d in deployments
+        }
+        for live in self.deployments.values():
+            live.fallbacks = [self.deployments[name] for name in live.config.fallback]
+        self.by_model: dict[str, LiveDeployment] = {}
+        self.catch_all: LiveDeployment | None = None
+        for live in self.deployments.values():
+            for model in (live.name, live.model, *live.config.models):
+                if model == WILDCARD:
+                    self.catch_all = self.catch_all or live
+                else:
+                    self.by_model.setdefault(model, live)
+        self.rng = random.Random()
+
+    @staticmethod
+    def build(config: Deployment, proxy_environment: Mapping[str, str]) -> LiveDeployment:
+        replicas = []
+        limits = config.max_concurrent()
+        for (name, weight, options), limit in zip(config.replica_options(), limits, strict=True):
+            try:
+                backend = create_backend(config.backend, config.served_model, options, proxy_environment)
+            except (ValueError, TypeError, OSError, ImportError) as error:
+                raise ConfigError(
+                    f"deployment {config.name!r}, replica {name!r}: the {config.backend} backend "
+                    f"cannot start: {error}"
+                ) from None
+            # a pool smaller than the limit would make admitted requests wait for a connection
+            # and fail after `connect`: the limit is the pool's size then, and the rest queue here
+            pool = pool_size(backend)
+            replicas.append(
+                Replica(
+                    name, weight, backend, config.health.failures, config.health.cooldown,
+                    limit=min(limit, pool) if pool else limit,
+                )
+            )  # fmt: skip
+        return LiveDeployment(config, replicas)
+
+    def model_names(self, visible: Callable[[str], bool] = lambda deployment: True) -> list[str]:
+        """The models served, those of deployments `visible` lets through (a key's)."""
+        return [model for model, live in self.by_model.items() if visible(live.name)]
+
+    @property
+    def default(self) -> LiveDeployment:
+        return next(iter(self.deployments.values()))
+
+    def route(self, model: str | None, deployment_name: str | None = None) -> LiveDeployment:
+        if deployment_name:
+            live = self.deployments.get(deployment_name)
+            if live is None:
+                raise DeploymentNotFound(deployment_name)
+            return live
+        if model is None:  # dialects where `model` is optional: the first deployment serves
+            return self.default
+        live = self.by_model.get(model) or self.catch_all
+        if live is None:
+            raise ModelNotFound(model)
+        return live
+
+    def unhealthy(self) -> list[str]:
+        """Deployments with no healthy replica (for /ready: degraded; requests still try them)."""
+        return [name for name, live in self.deployments.items() if not live.healthy]
+
+    async def aclose(self) -> None:
+        for live in self.deployments.values():
+            for replica in live.replicas:
+                await replica.backend.aclose()

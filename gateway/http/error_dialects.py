@@ -1,0 +1,28 @@
+"""Which dialect renders an error for a path that no operation answered: the dialect mounted at
+the longest prefix holding it, else the fallback. Known before the server starts, so the
+connection layer (gateway/server/edge.py) renders its own errors with it too, not only the front door."""
+
+from __future__ import annotations
+
+from gateway.core.errors import error_for_status
+from gateway.dialects.shape import OpenAIShaped
+
+JSON_MEDIA_TYPE = b"application/json"
+
+
+class ErrorDialects:
+    def __init__(self, mounted: list[tuple[str, OpenAIShaped]], fallback: OpenAIShaped) -> None:
+        prefixes = [(mount.rstrip("/"), translator) for mount, translator in mounted]
+        self.mounts = sorted(prefixes, key=lambda pair: len(pair[0]), reverse=True)  # longest first
+        self.fallback = fallback  # renders errors off every mount
+
+    def translator_for(self, path: str) -> OpenAIShaped:
+        for prefix, translator in self.mounts:
+            if not prefix or path == prefix or path.startswith(prefix + "/"):
+                return translator
+        return self.fallback
+
+    def edge_error(self, status: int, message: str, path: str) -> tuple[bytes, bytes]:
+        """An error the connection itself answers (gateway/server/edge.py), in the path's dialect."""
+        rendered = self.translator_for(path).error(error_for_status(status, message), "")
+        return rendered.json(), JSON_MEDIA_TYPE

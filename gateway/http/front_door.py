@@ -1,0 +1,433 @@
+"""The front door: every request's one way in, compiled from the dialects' documents.
+
+A Connexion middleware (`SpecMiddleware`: Connexion hands it each dialect's specification through
+`add_api`) that replaces Connexion's routing, security and validation layers with one table
+compiled at start: method and path → operation, with its parameters' validators, its body's
+validator and the key schemes its document names. For each request it routes (404, 405),
+authenticates (401), checks parameters and body (400, 413, 415), hands a `Call` to the
+operation's handler and renders any error in the dialect's shape, all in one layer and one pass.
+It also serves each dialect's committed document (as this gateway runs it: its mount, and no
+`security` when it has no keys), and passes the Swagger UI's paths on to
+Connexion's own Swagger UI middleware behind it.
+
+Each dialect request also gets a request id (the client's, if it sent a safe one) and a
+`RequestRecord`, which ends as metrics and one access-log line.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qsl
+
+import jsonschema_rs
+from connexion.middleware import SpecMiddleware
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway.core.disconnect import client_watch
+from gateway.core.errors import (
+    BadRequest,
+    GatewayError,
+    InternalError,
+    MethodNotAllowed,
+    NotFound,
+    UnsupportedMediaType,
+)
+from gateway.core.ids import new_request_id
+from gateway.dialects.shape import OpenAIShaped
+from gateway.http.call import Call
+from gateway.http.documents import resolve
+from gateway.http.error_dialects import ErrorDialects
+from gateway.http.served_documents import served_bodies
+from gateway.http.validation import compile_schema, parse_and_validate, read_body
+from gateway.policy.auth import ANONYMOUS, KeyStore, Scheme, authenticate, schemes_of
+from gateway.telemetry.access_log import AccessLog
+from gateway.telemetry.metrics import Metrics
+from gateway.telemetry.record import RequestRecord
+from gateway.telemetry.tracing import Tracing
+
+log = logging.getLogger("chatgate")
+Handler = Callable[[Call], Awaitable[Response]]
+REQUEST_ID_HEADER = b"x-request-id"
+SAFE_REQUEST_ID = re.compile(rb"^[A-Za-z0-9._:/+=-]{1,200}$")
+JSON_MEDIA_TYPE = "application/json"
+HTTP_METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
+UI_PATH = "/ui"
+
+
+@dataclass(frozen=True, slots=True)
+class Parameter:
+    name: str  # as it is looked up: lower-case for headers
+    location: str  # "query" | "header" | "path"
+    required: bool
+    kind: str | None  # the schema's type, for turning the string into a value
+    enum: tuple[Any, ...] | None  # named in full when a value is refused
+    validator: jsonschema_rs.Draft4Validator
+
+
+@dataclass(frozen=True, slots=True)
+class Operation:
+    route: str  # its path as the document writes it, under its mount
+    operation_id: str
+    handler: Handler
+    translator: OpenAIShaped | None  # renders its errors (None: the gateway's own endpoints)
+    schemes: tuple[Scheme, ...]  # how a key is presented (none: public)
+    parameters: tuple[Parameter, ...]
+    body: jsonschema_rs.Draft4Validator | None
+    dialect: str = ""  # recorded, metered and logged when set
+
+    @property
+    def takes_json(self) -> bool:
+        return self.body is not None
+
+
+def typed(value: str, kind: str | None) -> Any:
+    """A query, header or path string as the parameter's schema types it."""
+    if kind == "boolean":
+        lowered = value.lower()
+        if lowered in ("true", "false"):
+            return lowered == "true"
+    elif kind == "integer":
+        try:
+            return int(value)
+        except ValueError:
+            pass
+    elif kind == "number":
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    return value
+
+
+def headers_of(scope: Scope) -> dict[str, str]:
+    return {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
+
+
+def template_pattern(path: str) -> re.Pattern[str]:
+    """`/models/{model}` → a pattern whose groups are the path parameters."""
+    parts = re.split(r"\{([^}]+)\}", path)
+    pattern = "".join(re.escape(part) if i % 2 == 0 else f"(?P<{part}>[^/]+)" for i, part in enumerate(parts))
+    return re.compile(f"^{pattern}$")
+
+
+class FrontDoor(SpecMiddleware):
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        key_store: KeyStore,
+        metrics: Metrics,
+        access_log: AccessLog,
+        max_body_bytes: int,
+        error_dialects: ErrorDialects,
+        tracing: Tracing | None = None,
+        on_built: Callable[[FrontDoor], None] | None = None,
+    ) -> None:
+        """Connexion builds it (from a `functools.partial` of these arguments) when it builds its
+        middleware stack; `on_built` tells the gateway it exists."""
+        self.app = app  # what lies behind: Connexion's Swagger UI, the lifespan
+        self.key_store = key_store
+        self.metrics = metrics
+        self.access_log = access_log
+        self.max_body_bytes = max_body_bytes
+        self.error_dialects = error_dialects  # renders errors off every operation
+        self.tracing = tracing  # None: off
+        self.exact: dict[str, dict[str, Operation]] = {}
+        self.templated: list[tuple[re.Pattern[str], dict[str, Operation]]] = []
+        self.documents: dict[str, tuple[bytes, bytes]] = {}  # path → (media type, body)
+        self.ui_prefixes: tuple[str, ...] = ()
+        if on_built is not None:
+            on_built(self)
+
+    def use(self, key_store: KeyStore, tracing: Tracing | None) -> None:
+        """The keys and tracing of the runtime requests are answered with now (a reload's)."""
+        self.key_store = key_store
+        self.tracing = tracing
+
+    # ----- compiled at start -----------------------------------------------------------------
+
+    def add_api(
+        self,
+        specification: Any,
+        base_path: str | None = None,
+        *,
+        translator: OpenAIShaped,
+        handlers: dict[str, Handler],
+        dialect: str,
+        **_connexion_options: Any,
+    ) -> None:
+        """Compile one dialect's document, mounted at `base_path`, into the routing table."""
+        document: dict[str, Any] = specification.raw
+        mount = (base_path or "").rstrip("/")
+        for path, item in document["paths"].items():
+            for method in HTTP_METHODS:
+                if method not in item:
+                    continue
+                operation = item[method]
+                operation_id = operation["operationId"]
+                if operation_id not in handlers:
+                    raise ValueError(f"{dialect}: no handler for operation {operation_id}")
+                self.add(
+                    method.upper(),
+                    mount + path,
+                    Operation(
+                        route=mount + path,
+                        operation_id=operation_id,
+                        handler=handlers[operation_id],
+                        translator=translator,
+                        schemes=schemes_of(document, operation),
+                        parameters=self.compile_parameters(document, item, operation),
+                        body=self.compile_body(document, operation),
+                        dialect=dialect,
+                    ),
+                )
+        self.documents.update(served_bodies(document, mount, keys_enforced=self.key_store.enabled))
+        self.ui_prefixes = (*self.ui_prefixes, mount + UI_PATH)
+
+    def add_route(self, method: str, path: str, handler: Handler) -> None:
+        """One of the gateway's own endpoints (/health …): public, unrecorded."""
+        self.add(method, path, Operation(path, path, handler, None, (), (), None))
+
+    def add(self, method: str, path: str, operation: Operation) -> None:
+        if "{" in path:
+            pattern = template_pattern(path)
+            for existing, methods in self.templated:
+                if existing.pattern == pattern.pattern:
+                    methods[method] = operation
+                    return
+            self.templated.append((pattern, {method: operation}))
+        else:
+            self.exact.setdefault(path, {})[method] = operation
+
+    def compile_parameters(
+        self, document: dict[str, Any], item: dict[str, Any], operation: dict[str, Any]
+    ) -> tuple[Parameter, ...]:
+        found = []
+        for raw in [*item.get("parameters", []), *operation.get("parameters", [])]:
+            parameter = resolve(document, raw)
+            location = parameter["in"]
+            if location not in ("query", "header", "path"):
+                continue
+            schema = resolve(document, parameter.get("schema", {}))
+            found.append(
+                Parameter(
+                    name=parameter["name"].lower() if location == "header" else parameter["name"],
+                    location=location,
+                    required=bool(parameter.get("required")) or location == "path",
+                    kind=schema.get("type"),
+                    enum=tuple(schema["enum"]) if "enum" in schema else None,
+                    validator=compile_schema(schema, document.get("components")),
+                )
+            )
+        return tuple(found)
+
+    def compile_body(
+        self, document: dict[str, Any], operation: dict[str, Any]
+    ) -> jsonschema_rs.Draft4Validator | None:
+        body = resolve(document, operation.get("requestBody"))
+        if not body:
+            return None
+        schema = body.get("content", {}).get(JSON_MEDIA_TYPE, {}).get("schema")
+        return (
+            None if schema is None else compile_schema(resolve(document, schema), document.get("components"))
+        )
+
+    # ----- per request ---------------------------------------------------------------------
+
+    def find(
+        self, path: str, method: str
+    ) -> tuple[Operation | None, dict[str, str], dict[str, Operation] | None]:
+        """(the operation, its path parameters, every method of the path) — None when absent."""
+        methods = self.exact.get(path)
+        params: dict[str, str] = {}
+        if methods is None:
+            for pattern, candidates in self.templated:
+                match = pattern.match(path)
+                if match is not None:
+                    methods, params = candidates, match.groupdict()
+                    break
+        if methods is None:
+            return None, params, None
+        return methods.get(method), params, methods
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path: str = scope["path"]
+        method: str = scope["method"]
+        request_id = b""
+        for name, value in scope["headers"]:
+            if name == REQUEST_ID_HEADER and SAFE_REQUEST_ID.match(value):
+                request_id = value
+                break
+        if not request_id:
+            request_id = new_request_id().encode()
+        operation, path_params, methods = self.find(path, "GET" if method == "HEAD" else method)
+        if operation is None or method == "HEAD":
+            if method in ("GET", "HEAD") and (document := self.documents.get(path)) is not None:
+                await self.send_document(document, method, request_id, send)
+                return
+            if path.startswith(self.ui_prefixes):  # Connexion's Swagger UI, behind this layer
+                await self.app(scope, receive, self.with_request_id(send, request_id, None))
+                return
+        record = None
+        if operation is not None and operation.dialect:
+            record = RequestRecord(request_id.decode(), method, path, dialect=operation.dialect)
+            self.metrics.started()
+            if self.tracing is not None:
+                record.span = self.tracing.server_span(
+                    method, operation.route, scope["headers"], record.request_id
+                )
+        try:
+            response = await self.answer(scope, receive, operation, path_params, methods, request_id, record)
+            await response(scope, receive, self.with_request_id(send, request_id, record))
+        finally:
+            if record is not None:
+                seconds = time.perf_counter() - record.started
+                if not record.status:
+                    record.status = 499  # the client went away before an answer started
+                self.metrics.finished(record, seconds)
+                self.access_log.write(record, seconds)
+                if record.span is not None and self.tracing is not None:
+                    self.tracing.end_server_span(record.span, record)
+
+    async def answer(
+        self,
+        scope: Scope,
+        receive: Receive,
+        operation: Operation | None,
+        path_params: dict[str, str],
+        methods: dict[str, Operation] | None,
+        request_id: bytes,
+        record: RequestRecord | None,
+    ) -> Response:
+        path = scope["path"]
+        translator = operation.translator if operation is not None and operation.translator else None
+        try:
+            if operation is None:
+                if methods is None:
+                    raise NotFound(f"Not found: {path}")
+                raise MethodNotAllowed(
+                    f"Method {scope['method']} not allowed for {path}",
+                    headers={"Allow": ", ".join(sorted(methods))},
+                )
+            headers = headers_of(scope)
+            caller = ANONYMOUS
+            if operation.schemes:
+                caller = authenticate(self.key_store, operation.schemes, headers)
+            query = self.check_parameters(operation, scope, headers, path_params)
+            body = None
+            if operation.body is not None:
+                # no Content-Type is read as the operation's own (JSON), as clients such as wrk send
+                media_type = headers.get("content-type", JSON_MEDIA_TYPE).partition(";")[0].strip().lower()
+                if media_type != JSON_MEDIA_TYPE:
+                    raise UnsupportedMediaType(
+                        f"Invalid Content-type ({media_type}), expected ['application/json']"
+                    )
+                encoding = headers.get("content-encoding", "identity").strip().lower()
+                if encoding not in ("identity", ""):
+                    raise UnsupportedMediaType(
+                        f"Content-Encoding {encoding} is not supported: send the body uncompressed."
+                    )
+                body = parse_and_validate(await read_body(receive, self.max_body_bytes), operation.body)
+            call = Call(
+                request_id=request_id.decode(),
+                headers=headers,
+                caller=caller,
+                record=record or RequestRecord(request_id.decode(), scope["method"], path),
+                receive=receive,
+                client=client_watch(scope),
+                body=body,
+                query=query,
+                path_params=path_params,
+            )
+            return await operation.handler(call)
+        except GatewayError as error:
+            return self.error_response(
+                translator or self.error_dialects.translator_for(path), error, request_id, record
+            )
+        except Exception:
+            log.exception("request failed")
+            failure = InternalError("The gateway failed to handle this request.")
+            return self.error_response(
+                translator or self.error_dialects.translator_for(path), failure, request_id, record
+            )
+
+    @staticmethod
+    def error_response(
+        translator: OpenAIShaped, error: GatewayError, request_id: bytes, record: RequestRecord | None
+    ) -> Response:
+        if record is not None:
+            record.error_code = error.code
+        rendered = translator.error(error, request_id.decode())
+        return Response(
+            rendered.json(), status_code=rendered.status, media_type=JSON_MEDIA_TYPE, headers=rendered.headers
+        )
+
+    @staticmethod
+    def check_parameters(
+        operation: Operation, scope: Scope, headers: dict[str, str], path_params: dict[str, str]
+    ) -> dict[str, str]:
+        query: dict[str, str] = {}
+        if operation.parameters:
+            query = dict(parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True))
+        for parameter in operation.parameters:
+            source = (
+                query
+                if parameter.location == "query"
+                else headers
+                if parameter.location == "header"
+                else path_params
+            )
+            raw = source.get(parameter.name)
+            if raw is None:
+                if parameter.required:
+                    raise BadRequest(
+                        f"Missing {parameter.location} parameter '{parameter.name}'",
+                        param=parameter.name,
+                        loc=[parameter.location, parameter.name],
+                    )
+                continue
+            error = next(parameter.validator.iter_errors(typed(raw, parameter.kind)), None)
+            if error is not None:
+                why = error.message
+                if parameter.enum is not None:
+                    why = f"'{raw}' is not one of {', '.join(map(str, parameter.enum))}"
+                raise BadRequest(
+                    f"{why} for {parameter.location} parameter '{parameter.name}'",
+                    param=parameter.name,
+                    loc=[parameter.location, parameter.name],
+                    value=raw,
+                )
+        return query
+
+    @staticmethod
+    async def send_document(
+        document: tuple[bytes, bytes], method: str, request_id: bytes, send: Send
+    ) -> None:
+        media_type, body = document
+        headers = [
+            (b"content-type", media_type),
+            (b"content-length", str(len(body)).encode()),
+            (REQUEST_ID_HEADER, request_id),
+        ]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": b"" if method == "HEAD" else body})
+
+    @staticmethod
+    def with_request_id(send: Send, request_id: bytes, record: RequestRecord | None) -> Send:
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", ()), (REQUEST_ID_HEADER, request_id)]
+                if record is not None:
+                    record.status = message["status"]
+            await send(message)
+
+        return send_with_id

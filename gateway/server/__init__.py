@@ -1,0 +1,2 @@
+"""The process and its HTTP connections: uvicorn's workers, the edge that reads and writes sockets,
+start and stop."""

@@ -1,0 +1,82 @@
+"""A dependency's hiccup stays its own: a hung Redis (SIGSTOP) costs a few timeouts, not one per
+request; it is never counted against a healthy replica; /ready says so while it lasts; the log
+says it once, not once a request."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gateway.policy.auth import new_key
+from tests.support.gateway_process import GatewayProcess, gateway_process
+from tests.support.redis_server import running_redis
+
+KEY, KEY_SHA = new_key()
+HANG_SECONDS = 4
+BREAKER = {"failures": 3, "reset_after": 1}
+
+
+@pytest.fixture
+def redis(tmp_path: Path) -> Iterator[tuple[str, object]]:
+    with running_redis(tmp_path) as found:
+        yield found
+
+
+@pytest.fixture(params=["fail-open", "fail-closed"])
+def gateway(request, redis, tmp_path: Path) -> Iterator[tuple[GatewayProcess, object, str]]:
+    url, process = redis
+    config = {
+        "keys": [{"name": "team", "sha256": KEY_SHA, "limits": {"requests_per_minute": 100000}}],
+        "rate_limits": {
+            "store": "redis",
+            "redis": {"url": url, "on_error": request.param, "timeout": 0.25, "breaker": BREAKER},
+        },
+    }
+    with gateway_process(tmp_path, config) as gateway:
+        yield gateway, process, request.param
+
+
+def chat(client: httpx.Client, url: str) -> httpx.Response:
+    return client.post(
+        f"{url}/v1/chat/completions",
+        json={"model": "echo", "messages": [{"role": "user", "content": "hi"}]},
+        headers={"authorization": f"Bearer {KEY}"},
+    )
+
+
+def test_a_hung_store_costs_a_few_timeouts_and_ejects_nothing(gateway):
+    process, redis_process, mode = gateway
+    with httpx.Client(timeout=10) as client:
+        assert chat(client, process.url).status_code == 200
+        redis_process.send_signal(signal.SIGSTOP)
+        try:
+            answers: list[tuple[int, float]] = []
+            ends = time.monotonic() + HANG_SECONDS
+            while time.monotonic() < ends:
+                began = time.monotonic()
+                status = chat(client, process.url).status_code
+                answers.append((status, time.monotonic() - began))
+            ready_during = httpx.get(f"{process.url}/ready").status_code
+        finally:
+            redis_process.send_signal(signal.SIGCONT)
+        time.sleep(BREAKER["reset_after"] + 0.5)  # the breaker probes again and closes
+        after = [chat(client, process.url).status_code for _ in range(5)]
+        ready_after = httpx.get(f"{process.url}/ready")
+
+    expected = 200 if mode == "fail-open" else 503
+    assert {status for status, _ in answers} == {expected}, answers[:10]
+    slow = [seconds for _, seconds in answers if seconds > 0.2]
+    # a timeout per call until the breaker opens, then a probe a second: not one per request
+    assert len(slow) <= BREAKER["failures"] + HANG_SECONDS + 1, slow
+    assert len(answers) > 50, f"only {len(answers)} answers in {HANG_SECONDS} s"
+    assert ready_during == (503 if mode == "fail-closed" else 200)
+    # the echo replica was never blamed: everything is answered again at once
+    assert after == [200] * 5
+    assert ready_after.status_code == 200, ready_after.text
+    log = process.output()
+    assert log.count("rate-limit store") <= 2, log  # opened, closed: once each

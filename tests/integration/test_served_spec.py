@@ -1,0 +1,81 @@
+"""The document a running gateway serves at `<mount>/openapi.json` (and `.yaml`) is the committed one in
+openapi/, apart from `servers`, which names the mount it is served at, and `security`, which a
+gateway without keys does not declare (it enforces none)."""
+
+from __future__ import annotations
+
+import httpx
+import orjson
+import pytest
+import yaml
+
+from gateway.config.settings import Settings
+from gateway.dialects.registry import DIALECTS
+from gateway.http.documents import load_document
+from gateway.policy.auth import new_key
+from tests.support.servers import ROOT, running_gateway
+
+MOUNTS = Settings().mounts
+
+
+def without_security(document: dict) -> dict:
+    """The document with no `security` anywhere (top level or operation)."""
+    document = {k: v for k, v in document.items() if k != "security"}
+    document["paths"] = {
+        path: {method: {k: v for k, v in op.items() if k != "security"} for method, op in item.items()}
+        for path, item in document["paths"].items()
+    }
+    return document
+
+
+def as_json(document: dict) -> dict:
+    """The document as JSON sees it (YAML may hold values JSON has no type for)."""
+    return orjson.loads(orjson.dumps(document))
+
+
+@pytest.mark.parametrize("dialect", DIALECTS.values(), ids=lambda d: d.name)
+def test_served_document_is_the_committed_one(dialect, gateway_url: str):
+    mount = MOUNTS[dialect.name]
+    response = httpx.get(f"{gateway_url}{mount}/openapi.json", timeout=10)
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("application/json")
+    served = response.json()
+    assert served.pop("servers") == [{"url": mount}]
+    committed = as_json(load_document(dialect.document))
+    committed.pop("servers")
+    assert served == without_security(committed)  # the default gateway has no keys: it enforces none
+
+
+@pytest.mark.parametrize("dialect", DIALECTS.values(), ids=lambda d: d.name)
+def test_swagger_ui_still_answers(dialect, gateway_url: str):
+    response = httpx.get(f"{gateway_url}{MOUNTS[dialect.name]}/ui/", timeout=10)
+    assert response.status_code == 200
+    assert "openapi.json" in response.text
+
+
+def test_yaml_document_is_the_committed_one_too(gateway_url: str):
+    response = httpx.get(f"{gateway_url}/v1/openapi.yaml")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("application/yaml")
+    served = yaml.safe_load(response.text)
+    committed = load_document("openai.yaml")
+    assert served["servers"] == [{"url": "/v1"}]
+    assert {k: v for k, v in served.items() if k != "servers"} == without_security(
+        {k: v for k, v in committed.items() if k != "servers"}
+    )
+
+
+def test_the_swagger_ui_is_public_as_documented(tmp_path, log_dir):
+    """With keys configured, the UI (a static page over the public document) answers without one,
+    as the README says; a chat operation does not."""
+    _key, sha = new_key()
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"keys": [{"name": "k", "sha256": sha}]}))
+    with running_gateway(log_dir, config) as url:
+        assert httpx.get(f"{url}/v1/ui/").status_code == 200
+        served = httpx.get(f"{url}/v1/openapi.json")
+        assert served.status_code == 200
+        assert served.json()["security"] == load_document("openai.yaml")["security"]  # enforced: declared
+        assert httpx.get(f"{url}/v1/models").status_code == 401
+    readme = (ROOT / "README.md").read_text()
+    assert "(`<mount>/ui/`" in readme

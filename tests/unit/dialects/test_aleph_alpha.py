@@ -1,0 +1,513 @@
+"""The Aleph Alpha translator (gateway/dialects/aleph_alpha.py), table by table: the parameters
+aleph_alpha.yaml defines (the seed's and the 4.7.0 document's), those it marks
+`x-chatgate-unsupported` (ignored ones dropped, parallel_tool_calls refused with 400, as the
+document says), the strict message order (400; tool results take the user's turn), completions with
+-9999.0 for a logprob the backend could not give and no `refusal` in logprobs, chunks with
+`usage` and `system_fingerprint` null where the seed says so, finish chunks with `content: ""`,
+and errors as
+`{"error": message, "code": UPPER_SNAKE}`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gateway.core.canonical import (
+    Choice,
+    Completion,
+    Finish,
+    FinishReason,
+    RefusalDelta,
+    ServedBy,
+    TextDelta,
+)
+from gateway.core.errors import BadRequest, GatewayError
+from tests.support.documents import response_errors
+from tests.unit.dialects import cases
+from tests.unit.dialects.cases import (
+    LOGPROBS,
+    MINIMAL_BODY,
+    MISSING_LOGPROB,
+    USAGE,
+    USAGE_BODY,
+    AnswerCase,
+    CompletionCase,
+    ErrorCase,
+    ReadCase,
+    RefusedCase,
+    StreamCase,
+)
+
+TRANSLATOR = cases.translator("aleph_alpha")
+SPEC, PATH = "aleph_alpha.yaml", "/chat/completions"
+
+
+WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+WEATHER_CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+JSON_SCHEMA_FORMAT = {"type": "json_schema", "json_schema": {"name": "answer", "schema": {"type": "object"}}}
+IMAGE_PART = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+
+
+def conversation(*roles: str) -> list[dict[str, str]]:
+    return [{"role": role, "content": "x"} for role in roles]
+
+
+# ----- read -------------------------------------------------------------------------------------
+
+READS = [
+    ReadCase("minimal body", {}, {}),
+    ReadCase("model", {"model": "llama-3.1-8b-instruct"}, {"model": "llama-3.1-8b-instruct"}),
+    ReadCase(
+        "stream with usage",
+        {"stream": True, "stream_options": {"include_usage": True}},
+        {"stream": True, "include_usage": True},
+    ),
+    ReadCase("n", {"n": 2}, {"n": 2}),
+    ReadCase("max_tokens", {"max_tokens": 5}, {"max_tokens": 5}),
+    ReadCase("maximum_tokens, the official client's name", {"maximum_tokens": 6}, {"max_tokens": 6}),
+    ReadCase("stop as a string", {"stop": "END"}, {"stop": ["END"]}),
+    ReadCase(
+        "sampling numbers",
+        {"temperature": 0.5, "top_p": 0.9, "frequency_penalty": 0.1, "presence_penalty": -0.1},
+        {"temperature": 0.5, "top_p": 0.9, "frequency_penalty": 0.1, "presence_penalty": -0.1},
+    ),
+    ReadCase("logit_bias", {"logit_bias": {"42": 1.5}}, {"logit_bias": {"42": 1.5}}),
+    ReadCase(
+        "logprobs and top_logprobs",
+        {"logprobs": True, "top_logprobs": 3},
+        {"logprobs": True, "top_logprobs": 3},
+    ),
+    ReadCase(
+        "a system message, then user and assistant alternating, ending with user",
+        {"messages": conversation("system", "user", "assistant", "user")},
+        {"messages": conversation("system", "user", "assistant", "user")},
+    ),
+    ReadCase(
+        "ignored parameters are dropped",
+        {"seed": 7, "service_tier": "auto", "user": "u-1"},
+        {},
+    ),
+    ReadCase(
+        "tools and tool_choice (the 4.7.0 document)",
+        {"tools": [WEATHER_TOOL], "tool_choice": "required"},
+        {"tools": [WEATHER_TOOL], "tool_choice": "required"},
+    ),
+    ReadCase(
+        "response_format with a JSON schema (the 4.7.0 document)",
+        {"response_format": JSON_SCHEMA_FORMAT},
+        {"response_format": JSON_SCHEMA_FORMAT},
+    ),
+    ReadCase(
+        "steering_concepts and the client's top_k are options",
+        {"steering_concepts": ["concept-1"], "top_k": 5},
+        {"options": {"steering_concepts": ["concept-1"], "top_k": 5}},
+    ),
+    ReadCase(
+        "image parts, and a tool result taking the user's turn",
+        {
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "x"}, IMAGE_PART]},
+                {"role": "assistant", "content": "", "tool_calls": [WEATHER_CALL]},
+                {"role": "tool", "content": "18 degrees", "tool_call_id": "call_1"},
+            ]
+        },
+        {
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "x"}, IMAGE_PART]},
+                {"role": "assistant", "content": "", "tool_calls": [WEATHER_CALL]},
+                {"role": "tool", "content": "18 degrees", "tool_call_id": "call_1"},
+            ]
+        },
+    ),
+    ReadCase(
+        "tools, tool_choice and response_format sent as null read as unset",
+        {"tools": None, "tool_choice": None, "response_format": None},
+        {},
+    ),
+    ReadCase(
+        "ignored or rejected options sent as null read as unset",
+        {"service_tier": None, "parallel_tool_calls": None},
+        {},
+    ),
+    # aleph_alpha.yaml does not define these: extra parameters, kept as sent whatever their type
+    ReadCase(
+        "functions is extra, even not a list",
+        {"functions": 1, "function_call": 2},
+        {"extra": {"functions": 1, "function_call": 2}},
+    ),
+    ReadCase(
+        "max_completion_tokens is extra",
+        {"max_completion_tokens": 7},
+        {"extra": {"max_completion_tokens": 7}},
+    ),
+]
+
+
+@pytest.mark.parametrize("case", READS, ids=lambda case: case.id)
+def test_read(case: ReadCase):
+    assert TRANSLATOR.read({**MINIMAL_BODY, **case.body}) == cases.request(**case.expected)
+
+
+def rejected(name: str, value: Any) -> RefusedCase:
+    return RefusedCase(
+        f"rejected: {name}",
+        {name: value},
+        BadRequest,
+        "UnsupportedParameter",
+        name,
+        ["body", name],
+        value,
+    )
+
+
+def out_of_order(roles: list[str], index: int | None) -> RefusedCase:
+    """Roles whose message `index` breaks the order (None: the conversation does not end with user)."""
+    loc: list[str | int] = ["body", "messages"] if index is None else ["body", "messages", index, "role"]
+    value = None if index is None else roles[index]
+    return RefusedCase(
+        f"message order: {' '.join(roles)}",
+        {"messages": conversation(*roles)},
+        BadRequest,
+        "BadRequest",
+        "messages",
+        loc,
+        value,
+    )
+
+
+REFUSED = [
+    rejected("parallel_tool_calls", False),
+    RefusedCase(
+        "max_tokens and maximum_tokens together",
+        {"max_tokens": 5, "maximum_tokens": 6},
+        BadRequest,
+        "BadRequest",
+        "maximum_tokens",
+        ["body", "maximum_tokens"],
+        6,
+    ),
+    out_of_order(["assistant"], 0),
+    out_of_order(["system", "system", "user"], 1),
+    out_of_order(["user", "user"], 1),
+    out_of_order(["user", "system", "user"], 1),
+    out_of_order(["user", "assistant"], None),
+    out_of_order(["system"], None),
+]
+
+
+@pytest.mark.parametrize("case", REFUSED, ids=lambda case: case.id)
+def test_refused(case: RefusedCase):
+    with pytest.raises(case.error) as raised:
+        TRANSLATOR.read({**MINIMAL_BODY, **case.body})
+    error = raised.value
+    assert (error.code, error.param, error.loc, error.value) == (case.code, case.param, case.loc, case.value)
+    rendered = TRANSLATOR.error(error, "request-1")
+    assert rendered.status == error.status
+    assert response_errors(SPEC, PATH, "post", rendered.status, rendered.body) == []
+
+
+def test_every_parameter_the_document_defines_has_a_row():
+    assert cases.parameters_in(READS, REFUSED) >= TRANSLATOR.facts.fields
+
+
+# ----- completion -------------------------------------------------------------------------------
+
+
+def completion_body(choices: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "id": cases.ANSWER_ID,
+        "object": "chat.completion",
+        "created": cases.CREATED,
+        "model": cases.MODEL,
+        "choices": choices,
+        "usage": USAGE_BODY,
+    }
+
+
+def message(content: str) -> dict[str, Any]:
+    return {"role": "assistant", "content": content}
+
+
+END_BYTES = list(b"<|end|>")
+END_TOKEN = {
+    "token": "<|end|>",
+    "logprob": -0.1,
+    "bytes": END_BYTES,
+    "top_logprobs": [{"token": "<|end|>", "logprob": -0.1, "bytes": END_BYTES}],
+}
+
+
+COMPLETIONS = [
+    CompletionCase(
+        "text, no refusal",
+        [Choice(0, "Hello", finish_reason="stop")],
+        [{"index": 0, "message": message("Hello"), "logprobs": None, "finish_reason": "stop"}],
+    ),
+    CompletionCase(
+        "logprobs",
+        [Choice(0, "Hé!", logprobs=LOGPROBS, finish_reason="length")],
+        [
+            {
+                "index": 0,
+                "message": message("Hé!"),
+                "logprobs": {
+                    "content": [
+                        {
+                            "token": "Hé",
+                            "logprob": -0.25,
+                            "bytes": [72, 195, 169],
+                            "top_logprobs": [
+                                {"token": "Hé", "logprob": -0.25, "bytes": [72, 195, 169]},
+                                {"token": "Ho", "logprob": -1.5, "bytes": [72, 111]},
+                            ],
+                        },
+                        {"token": "!", "logprob": -0.5, "bytes": [33], "top_logprobs": []},
+                    ],
+                },
+                "finish_reason": "length",
+            }
+        ],
+    ),
+    CompletionCase(
+        "a logprob the backend could not give is -9999.0",
+        [Choice(0, "?", logprobs=MISSING_LOGPROB, finish_reason="stop")],
+        [
+            {
+                "index": 0,
+                "message": message("?"),
+                "logprobs": {
+                    "content": [{"token": "?", "logprob": -9999.0, "bytes": [63], "top_logprobs": []}],
+                },
+                "finish_reason": "stop",
+            }
+        ],
+    ),
+    CompletionCase(
+        "bytes the backend said were null are the token's UTF-8 (the seed has no null)",
+        [Choice(0, "x", logprobs=cases.NO_BYTES, finish_reason="stop")],
+        [
+            {
+                "index": 0,
+                "message": message("x"),
+                "logprobs": {"content": [END_TOKEN]},
+                "finish_reason": "stop",
+            }
+        ],
+    ),
+    CompletionCase(
+        "a refusal is the model's words: content (aleph_alpha.yaml has no refusal field)",
+        [Choice(0, "", refusal=cases.REFUSAL, finish_reason="stop")],
+        [{"index": 0, "message": message(cases.REFUSAL), "logprobs": None, "finish_reason": "stop"}],
+    ),
+    CompletionCase(
+        "two choices",
+        [Choice(0, "a", finish_reason="content_filter"), Choice(1, "b", finish_reason="stop")],
+        [
+            {"index": 0, "message": message("a"), "logprobs": None, "finish_reason": "content_filter"},
+            {"index": 1, "message": message("b"), "logprobs": None, "finish_reason": "stop"},
+        ],
+    ),
+]
+
+
+ANSWERS = [
+    AnswerCase("nothing said", ServedBy(), USAGE, {"usage": USAGE_BODY}),
+    AnswerCase(
+        "the fingerprint; no tier nor usage details (the seed has neither)",
+        cases.SERVED,
+        cases.DETAILED_USAGE,
+        {"system_fingerprint": "fp_44709d6fcb", "usage": USAGE_BODY},
+    ),
+]
+
+
+@pytest.mark.parametrize("case", ANSWERS, ids=lambda case: case.id)
+def test_what_the_backend_said_of_the_answer(case: AnswerCase):
+    choices = [Choice(0, "Hi", finish_reason="stop")]
+    body = TRANSLATOR.completion(cases.answer(), Completion(choices, case.usage, case.served))
+    assert {k: v for k, v in body.items() if k not in ("id", "object", "created", "model", "choices")} == (
+        case.expected
+    )
+    assert response_errors(SPEC, PATH, "post", 200, body) == []
+
+
+@pytest.mark.parametrize("case", COMPLETIONS, ids=lambda case: case.id)
+def test_completion(case: CompletionCase):
+    body = TRANSLATOR.completion(cases.answer(), Completion(case.choices, USAGE))
+    assert body == completion_body(case.expected)
+    assert response_errors(SPEC, PATH, "post", 200, body) == []
+
+
+# The 4.7.0 document takes tools; its service (and client) end such an answer with tool_calls.
+FINISH_WORDS = [
+    ("stop", "stop"),
+    ("stop_sequence", "stop"),
+    ("length", "length"),
+    ("content_filter", "content_filter"),
+    ("tool_calls", "tool_calls"),
+]
+
+
+@pytest.mark.parametrize(("reason", "word"), FINISH_WORDS)
+def test_finish_reason_words(reason: FinishReason, word: str):
+    body = TRANSLATOR.completion(cases.answer(), Completion([Choice(0, "x", finish_reason=reason)], USAGE))
+    (last,) = cases.stream(TRANSLATOR, [Finish(0, reason)])
+    assert body["choices"][0]["finish_reason"] == last["choices"][0]["finish_reason"] == word
+
+
+# ----- chunks -----------------------------------------------------------------------------------
+
+
+def chunk(choice: dict[str, Any] | None = None, **more: Any) -> dict[str, Any]:
+    """The seed: `system_fingerprint` null but in a choice's last chunk, `usage` null but in the
+    usage chunk."""
+    return {
+        "id": cases.ANSWER_ID,
+        "object": "chat.completion.chunk",
+        "created": cases.CREATED,
+        "model": cases.MODEL,
+        "choices": [] if choice is None else [choice],
+        "system_fingerprint": None,
+        "usage": None,
+        **more,
+    }
+
+
+def choice(delta: dict[str, Any], finish_reason: str | None = None, logprobs: Any = None) -> dict[str, Any]:
+    return {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+
+
+STREAMS = [
+    StreamCase(
+        "text, a finish with empty content, usage",
+        [TextDelta(0, "Hel"), TextDelta(0, "lo"), Finish(0, "stop"), USAGE],
+        [
+            chunk(choice({"role": "assistant", "content": ""})),
+            chunk(choice({"content": "Hel"})),
+            chunk(choice({"content": "lo"})),
+            chunk(choice({"content": ""}, "stop")),
+            chunk(usage=USAGE_BODY),
+        ],
+        include_usage=True,
+    ),
+    StreamCase("usage not asked for: no chunk", [USAGE], []),
+    StreamCase(
+        "the fingerprint in each choice's last chunk only",
+        [cases.SERVED, TextDelta(0, "Hi"), Finish(0, "stop"), TextDelta(1, "Yo"), Finish(1, "length"), USAGE],
+        [
+            chunk(choice({"role": "assistant", "content": ""})),
+            chunk(choice({"content": "Hi"})),
+            chunk(choice({"content": ""}, "stop"), system_fingerprint="fp_44709d6fcb"),
+            chunk({**choice({"role": "assistant", "content": ""}), "index": 1}),
+            chunk({**choice({"content": "Yo"}), "index": 1}),
+            chunk({**choice({"content": ""}, "length"), "index": 1}, system_fingerprint="fp_44709d6fcb"),
+            chunk(usage=USAGE_BODY),
+        ],
+        include_usage=True,
+    ),
+    StreamCase(
+        "a refusal streams as content",
+        [RefusalDelta(0, cases.REFUSAL)],
+        [chunk(choice({"role": "assistant", "content": ""})), chunk(choice({"content": cases.REFUSAL}))],
+    ),
+    StreamCase(
+        "a finish before any text",
+        [Finish(0, "length")],
+        [chunk(choice({"role": "assistant", "content": ""}, "length"))],
+    ),
+    StreamCase(
+        "a missing logprob is -9999.0 in a chunk too",
+        [TextDelta(0, "?", MISSING_LOGPROB)],
+        [
+            chunk(choice({"role": "assistant", "content": ""})),
+            chunk(
+                choice(
+                    {"content": "?"},
+                    logprobs={
+                        "content": [{"token": "?", "logprob": -9999.0, "bytes": [63], "top_logprobs": []}],
+                    },
+                )
+            ),
+        ],
+    ),
+]
+
+
+@pytest.mark.parametrize("case", STREAMS, ids=lambda case: case.id)
+def test_stream(case: StreamCase):
+    chunks = cases.stream(TRANSLATOR, case.events, include_usage=case.include_usage)
+    assert chunks == case.expected
+    for each in chunks:
+        assert cases.chunk_errors(SPEC, PATH, each) == []
+
+
+# ----- error ------------------------------------------------------------------------------------
+
+
+def error_body(error: GatewayError, code: str) -> dict[str, Any]:
+    return {"error": error.message, "code": code}
+
+
+ERRORS = [
+    ErrorCase("400", cases.INVALID_BODY, 400, error_body(cases.INVALID_BODY, "BAD_REQUEST")),
+    ErrorCase(
+        "400 extra parameter",
+        cases.EXTRA_PARAMETER,
+        400,
+        error_body(cases.EXTRA_PARAMETER, "EXTRA_PARAMETER_NOT_ALLOWED"),
+    ),
+    ErrorCase(
+        "400 content filter: a snake_case code in capitals",
+        cases.PROMPT_FILTERED,
+        400,
+        error_body(cases.PROMPT_FILTERED, "CONTENT_FILTER"),
+    ),
+    ErrorCase("401", cases.NO_KEY, 401, error_body(cases.NO_KEY, "UNAUTHORIZED")),
+    ErrorCase(
+        "hidden deployment is 403",
+        cases.HIDDEN_DEPLOYMENT,
+        403,
+        {"error": "This key may not use the deployment 'text-only'.", "code": "DEPLOYMENT_NOT_ALLOWED"},
+    ),
+    ErrorCase("404", cases.UNKNOWN_MODEL, 404, error_body(cases.UNKNOWN_MODEL, "MODEL_NOT_FOUND")),
+    ErrorCase(
+        "405 with Allow",
+        cases.WRONG_METHOD,
+        405,
+        error_body(cases.WRONG_METHOD, "METHOD_NOT_ALLOWED"),
+        {"Allow": "POST"},
+    ),
+    ErrorCase("413", cases.BODY_TOO_LARGE, 413, error_body(cases.BODY_TOO_LARGE, "PAYLOAD_TOO_LARGE")),
+    ErrorCase("415", cases.NOT_JSON_MEDIA, 415, error_body(cases.NOT_JSON_MEDIA, "UNSUPPORTED_MEDIA_TYPE")),
+    ErrorCase(
+        "422",
+        cases.UNSUPPORTED_PARAMETER,
+        422,
+        error_body(cases.UNSUPPORTED_PARAMETER, "UNSUPPORTED_PARAMETER"),
+    ),
+    ErrorCase(
+        "429 with Retry-After",
+        cases.RATE_LIMITED,
+        429,
+        error_body(cases.RATE_LIMITED, "RATE_LIMIT_EXCEEDED"),
+        cases.RATE_LIMIT_HEADERS,
+    ),
+    ErrorCase("500", cases.INTERNAL, 500, error_body(cases.INTERNAL, "INTERNAL_SERVER_ERROR")),
+    ErrorCase("502", cases.ANSWER_TOO_LARGE, 502, error_body(cases.ANSWER_TOO_LARGE, "RESPONSE_TOO_LARGE")),
+    ErrorCase(
+        "503 with Retry-After",
+        cases.NO_REPLICA,
+        503,
+        error_body(cases.NO_REPLICA, "NO_HEALTHY_REPLICA"),
+        {"Retry-After": "5"},
+    ),
+    ErrorCase("504", cases.UPSTREAM_TIMEOUT, 504, error_body(cases.UPSTREAM_TIMEOUT, "UPSTREAM_TIMEOUT")),
+]
+
+
+@pytest.mark.parametrize("case", ERRORS, ids=lambda case: case.id)
+def test_error(case: ErrorCase):
+    rendered = TRANSLATOR.error(case.error, "request-1")
+    assert (rendered.status, rendered.body, rendered.headers) == (case.status, case.body, case.headers)
+    assert response_errors(SPEC, PATH, "post", case.status, rendered.body) == []

@@ -1,0 +1,447 @@
+"""The OpenVINO Model Server translator (gateway/dialects/ovms.py), table by table: OpenAI's
+parameters plus OVMS's own sampling options, null read as "not set", the parameters ovms.yaml marks
+rejected (400, as ovms.yaml says), the rules between fields of its `x-chatgate-rules` (400, one
+table for every dialect in test_rules.py), answers without `id` and logprobs without `refusal`
+(OVMS has neither), `usage: null` before the usage chunk, only `stop` and `length` as finish
+reasons, and errors as `{"error": message}`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gateway.core.canonical import Choice, Completion, Finish, FinishReason, RefusalDelta, TextDelta
+from gateway.core.errors import BadRequest
+from tests.support.documents import response_errors
+from tests.unit.dialects import cases
+from tests.unit.dialects.cases import (
+    LOGPROBS,
+    MINIMAL_BODY,
+    MISSING_LOGPROB,
+    USAGE,
+    USAGE_BODY,
+    WEATHER_CALL,
+    WEATHER_CALL_BODY,
+    CompletionCase,
+    ErrorCase,
+    ReadCase,
+    RefusedCase,
+    StreamCase,
+)
+
+TRANSLATOR = cases.translator("ovms")
+SPEC, PATH = "ovms.yaml", "/chat/completions"
+WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather"}}
+
+# ----- read -------------------------------------------------------------------------------------
+
+READS = [
+    ReadCase("minimal body", {}, {}),
+    ReadCase("model", {"model": "llama"}, {"model": "llama"}),
+    ReadCase(
+        "stream with usage",
+        {"stream": True, "stream_options": {"include_usage": True}},
+        {"stream": True, "include_usage": True},
+    ),
+    ReadCase("stop as a string", {"stop": "END"}, {"stop": ["END"]}),
+    ReadCase("max_tokens", {"max_tokens": 5}, {"max_tokens": 5}),
+    ReadCase("max_completion_tokens", {"max_completion_tokens": 7}, {"max_tokens": 7}),
+    ReadCase(
+        "max_completion_tokens wins over max_tokens",
+        {"max_tokens": 5, "max_completion_tokens": 7},
+        {"max_tokens": 7},
+    ),
+    ReadCase(
+        "sampling numbers",
+        {"seed": 7, "temperature": 0.5, "top_p": 0.9, "frequency_penalty": 0.1, "presence_penalty": -0.1},
+        {"seed": 7, "temperature": 0.5, "top_p": 0.9, "frequency_penalty": 0.1, "presence_penalty": -0.1},
+    ),
+    ReadCase(
+        "tools and tool_choice",
+        {"tools": [WEATHER_TOOL], "tool_choice": "auto"},
+        {"tools": [WEATHER_TOOL], "tool_choice": "auto"},
+    ),
+    ReadCase("logprobs", {"logprobs": True}, {"logprobs": True}),
+    ReadCase("n with best_of above it", {"n": 2, "best_of": 3}, {"n": 2, "options": {"best_of": 3}}),
+    ReadCase("best_of equal to n", {"n": 2, "best_of": 2}, {"n": 2, "options": {"best_of": 2}}),
+    ReadCase(
+        "OVMS sampling options",
+        {"top_k": 40, "repetition_penalty": 1.1, "length_penalty": 0.8, "ignore_eos": True},
+        {"options": {"top_k": 40, "repetition_penalty": 1.1, "length_penalty": 0.8, "ignore_eos": True}},
+    ),
+    ReadCase(
+        "speculative and prompt lookup decoding options",
+        {"num_assistant_tokens": 5, "max_ngram_size": 3},
+        {"options": {"num_assistant_tokens": 5, "max_ngram_size": 3}},
+    ),
+    ReadCase(
+        "speculative decoding by confidence",
+        {"assistant_confidence_threshold": 0.4},
+        {"options": {"assistant_confidence_threshold": 0.4}},
+    ),
+    ReadCase(
+        "a streamed stop string is kept by default",
+        {"stream": True, "stop": ["END"]},
+        {"stream": True, "stop": ["END"], "options": {"include_stop_str_in_output": True}},
+    ),
+    ReadCase("not streamed, no default", {"stop": ["END"]}, {"stop": ["END"]}),
+    ReadCase("n within best_of", {"n": 1, "best_of": 1}, {"options": {"best_of": 1}}),
+    ReadCase(
+        "include_stop_str_in_output false without stream",
+        {"include_stop_str_in_output": False},
+        {"options": {"include_stop_str_in_output": False}},
+    ),
+    ReadCase(
+        "include_stop_str_in_output true with stream",
+        {"stream": True, "include_stop_str_in_output": True},
+        {"stream": True, "options": {"include_stop_str_in_output": True}},
+    ),
+    ReadCase(
+        "null is not set",
+        {
+            "stream": None,
+            "stream_options": None,
+            "stop": None,
+            "n": None,
+            "max_tokens": 5,
+            "max_completion_tokens": None,
+            "logprobs": None,
+            "seed": None,
+            "tools": None,
+        },
+        {"max_tokens": 5},
+    ),
+    ReadCase(
+        "an option sent as null is not set",
+        {"top_k": None, "best_of": None, "use_beam_search": None},
+        {},
+    ),
+    ReadCase(
+        "a parameter ovms.yaml does not define is extra",
+        {"parallel_tool_calls": "no", "mood": 1},
+        {"extra": {"parallel_tool_calls": "no", "mood": 1}},
+    ),
+]
+
+
+@pytest.mark.parametrize("case", READS, ids=lambda case: case.id)
+def test_read(case: ReadCase):
+    assert TRANSLATOR.read({**MINIMAL_BODY, **case.body}) == cases.request(**case.expected)
+
+
+def rejected(name: str, value: Any) -> RefusedCase:
+    return RefusedCase(
+        f"rejected: {name}",
+        {name: value},
+        BadRequest,
+        "UnsupportedParameter",
+        name,
+        ["body", name],
+        value,
+    )
+
+
+REFUSED = [
+    # OpenAI's parameters the seed calls unsupported
+    rejected("logit_bias", {"50256": -100}),
+    rejected("top_logprobs", 2),
+    rejected("response_format", {"type": "json_object"}),
+    rejected("user", "u-1"),
+    rejected("functions", [{"name": "get_weather"}]),
+    rejected("function_call", "auto"),
+    # vLLM's
+    rejected("min_p", 0.1),
+    rejected("use_beam_search", True),
+    rejected("early_stopping", True),
+    rejected("stop_token_ids", [2]),
+    rejected("min_tokens", 3),
+    rejected("prompt_logprobs", 1),
+    rejected("detokenize", False),
+    rejected("skip_special_tokens", False),
+    rejected("spaces_between_special_tokens", False),
+    rejected("logits_processors", ["x"]),
+    rejected("truncate_prompt_tokens", 10),
+    # OVMS's rules (ovms.yaml `x-chatgate-rules`)
+    RefusedCase(
+        "include_stop_str_in_output false with stream",
+        {"stream": True, "include_stop_str_in_output": False},
+        BadRequest,
+        "BadRequest",
+        "include_stop_str_in_output",
+        ["body", "include_stop_str_in_output"],
+        False,
+    ),
+    RefusedCase("best_of below n", {"n": 3, "best_of": 2}, BadRequest, "BadRequest", "n", ["body", "n"], 3),
+    RefusedCase("n above the default best_of", {"n": 2}, BadRequest, "BadRequest", "n", ["body", "n"], 2),
+    RefusedCase(
+        "n above 1 streamed", {"n": 2, "stream": True}, BadRequest, "BadRequest", "n", ["body", "n"], 2
+    ),
+    RefusedCase(
+        "best_of streamed",
+        {"best_of": 2, "stream": True},
+        BadRequest,
+        "BadRequest",
+        "best_of",
+        ["body", "best_of"],
+        2,
+    ),
+    RefusedCase(
+        "logprobs streamed",
+        {"logprobs": True, "stream": True},
+        BadRequest,
+        "BadRequest",
+        "logprobs",
+        ["body", "logprobs"],
+        True,
+    ),
+    RefusedCase(
+        "stream_options without stream",
+        {"stream_options": {"include_usage": True}},
+        BadRequest,
+        "BadRequest",
+        "stream_options",
+        ["body", "stream_options"],
+        {"include_usage": True},
+    ),
+    RefusedCase(
+        "both speculative knobs",
+        {"num_assistant_tokens": 5, "assistant_confidence_threshold": 0.4},
+        BadRequest,
+        "BadRequest",
+        "assistant_confidence_threshold",
+        ["body", "assistant_confidence_threshold"],
+        0.4,
+    ),
+]
+
+
+@pytest.mark.parametrize("case", REFUSED, ids=lambda case: case.id)
+def test_refused(case: RefusedCase):
+    with pytest.raises(case.error) as raised:
+        TRANSLATOR.read({**MINIMAL_BODY, **case.body})
+    error = raised.value
+    assert (error.code, error.param, error.loc, error.value) == (case.code, case.param, case.loc, case.value)
+    rendered = TRANSLATOR.error(error, "request-1")
+    assert rendered.status == error.status
+    assert response_errors(SPEC, PATH, "post", rendered.status, rendered.body) == []
+
+
+def test_best_of_below_n_says_both():
+    with pytest.raises(BadRequest) as raised:
+        TRANSLATOR.read({**MINIMAL_BODY, "n": 3, "best_of": 2})
+    assert TRANSLATOR.error(raised.value, "request-1").body == {
+        "error": "n value (3) cannot be greater than best_of (2); best_of defaults to 1, so n above 1 "
+        "needs best_of at least n, which cannot stream."
+    }
+
+
+def test_every_parameter_the_document_defines_has_a_row():
+    assert cases.parameters_in(READS, REFUSED) >= TRANSLATOR.facts.fields
+
+
+# ----- completion -------------------------------------------------------------------------------
+
+
+def completion_body(choices: list[dict[str, Any]]) -> dict[str, Any]:
+    """OVMS sends no `id` (nor system_fingerprint)."""
+    return {
+        "object": "chat.completion",
+        "created": cases.CREATED,
+        "model": cases.MODEL,
+        "choices": choices,
+        "usage": USAGE_BODY,
+    }
+
+
+def message(content: str | None, **more: Any) -> dict[str, Any]:
+    return {"role": "assistant", "content": content, **more}
+
+
+COMPLETIONS = [
+    CompletionCase(
+        "text, no refusal",
+        [Choice(0, "Hello", finish_reason="stop")],
+        [{"index": 0, "message": message("Hello"), "logprobs": None, "finish_reason": "stop"}],
+    ),
+    CompletionCase(
+        "a tool call ends with stop",
+        [Choice(0, "", tool_calls=[WEATHER_CALL], finish_reason="tool_calls")],
+        [
+            {
+                "index": 0,
+                "message": message(None, tool_calls=[WEATHER_CALL_BODY]),
+                "logprobs": None,
+                "finish_reason": "stop",
+            }
+        ],
+    ),
+    CompletionCase(
+        "logprobs, a missing one null",
+        [Choice(0, "Hé!?", logprobs=LOGPROBS + MISSING_LOGPROB, finish_reason="length")],
+        [
+            {
+                "index": 0,
+                "message": message("Hé!?"),
+                "logprobs": {
+                    "content": [
+                        {
+                            "token": "Hé",
+                            "logprob": -0.25,
+                            "bytes": [72, 195, 169],
+                            "top_logprobs": [
+                                {"token": "Hé", "logprob": -0.25, "bytes": [72, 195, 169]},
+                                {"token": "Ho", "logprob": -1.5, "bytes": [72, 111]},
+                            ],
+                        },
+                        {"token": "!", "logprob": -0.5, "bytes": [33], "top_logprobs": []},
+                        {"token": "?", "logprob": None, "bytes": [63], "top_logprobs": []},
+                    ],
+                },
+                "finish_reason": "length",
+            }
+        ],
+    ),
+    CompletionCase(
+        "two choices",
+        [Choice(0, "a", finish_reason="stop_sequence"), Choice(1, "b", finish_reason="length")],
+        [
+            {"index": 0, "message": message("a"), "logprobs": None, "finish_reason": "stop"},
+            {"index": 1, "message": message("b"), "logprobs": None, "finish_reason": "length"},
+        ],
+    ),
+]
+
+
+@pytest.mark.parametrize("case", COMPLETIONS, ids=lambda case: case.id)
+def test_completion(case: CompletionCase):
+    body = TRANSLATOR.completion(cases.answer(), Completion(case.choices, USAGE))
+    assert body == completion_body(case.expected)
+    assert response_errors(SPEC, PATH, "post", 200, body) == []
+
+
+FINISH_WORDS = [
+    ("stop", "stop"),
+    ("stop_sequence", "stop"),
+    ("length", "length"),
+    ("tool_calls", "stop"),
+    ("content_filter", "stop"),
+]
+
+
+@pytest.mark.parametrize(("reason", "word"), FINISH_WORDS)
+def test_finish_reason_words(reason: FinishReason, word: str):
+    body = TRANSLATOR.completion(cases.answer(), Completion([Choice(0, "x", finish_reason=reason)], USAGE))
+    (last,) = cases.stream(TRANSLATOR, [Finish(0, reason)])
+    assert body["choices"][0]["finish_reason"] == last["choices"][0]["finish_reason"] == word
+
+
+# ----- chunks -----------------------------------------------------------------------------------
+
+
+def chunk(choice: dict[str, Any] | None = None, **more: Any) -> dict[str, Any]:
+    return {
+        "object": "chat.completion.chunk",
+        "created": cases.CREATED,
+        "model": cases.MODEL,
+        "choices": [] if choice is None else [choice],
+        **more,
+    }
+
+
+def choice(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+    return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+
+
+STREAMS = [
+    StreamCase(
+        "text, finish and usage",
+        [TextDelta(0, "Hel"), TextDelta(0, "lo"), Finish(0, "stop_sequence"), USAGE],
+        [
+            chunk(choice({"role": "assistant", "content": ""}), usage=None),
+            chunk(choice({"content": "Hel"}), usage=None),
+            chunk(choice({"content": "lo"}), usage=None),
+            chunk(choice({}, "stop"), usage=None),
+            chunk(usage=USAGE_BODY),
+        ],
+        include_usage=True,
+    ),
+    StreamCase(
+        "no fingerprint, no usage details (OVMS has neither); a refusal is content",
+        [cases.SERVED, RefusalDelta(0, cases.REFUSAL), Finish(0, "stop"), cases.DETAILED_USAGE],
+        [
+            chunk(choice({"role": "assistant", "content": ""}), usage=None),
+            chunk(choice({"content": cases.REFUSAL}), usage=None),
+            chunk(choice({}, "stop"), usage=None),
+            chunk(usage=USAGE_BODY),
+        ],
+        include_usage=True,
+    ),
+    StreamCase("usage not asked for: no chunk", [USAGE], []),
+    StreamCase(
+        "a tool call",
+        [WEATHER_CALL, Finish(0, "tool_calls")],
+        [
+            chunk(
+                choice(
+                    {"role": "assistant", "content": None, "tool_calls": [{"index": 0, **WEATHER_CALL_BODY}]}
+                )
+            ),
+            chunk(choice({}, "stop")),
+        ],
+    ),
+]
+
+
+@pytest.mark.parametrize("case", STREAMS, ids=lambda case: case.id)
+def test_stream(case: StreamCase):
+    chunks = cases.stream(TRANSLATOR, case.events, include_usage=case.include_usage)
+    assert chunks == case.expected
+    for each in chunks:
+        assert cases.chunk_errors(SPEC, PATH, each) == []
+
+
+# ----- error ------------------------------------------------------------------------------------
+
+ERRORS = [
+    ErrorCase("400", cases.INVALID_BODY, 400, {"error": cases.INVALID_BODY.message}),
+    ErrorCase("400 content filter", cases.PROMPT_FILTERED, 400, {"error": cases.PROMPT_FILTERED.message}),
+    ErrorCase("401", cases.NO_KEY, 401, {"error": cases.NO_KEY.message}),
+    ErrorCase(
+        "hidden deployment is 403",
+        cases.HIDDEN_DEPLOYMENT,
+        403,
+        {"error": "This key may not use the deployment 'text-only'."},
+    ),
+    ErrorCase("404", cases.UNKNOWN_MODEL, 404, {"error": cases.UNKNOWN_MODEL.message}),
+    ErrorCase(
+        "405 with Allow", cases.WRONG_METHOD, 405, {"error": cases.WRONG_METHOD.message}, {"Allow": "POST"}
+    ),
+    ErrorCase("413", cases.BODY_TOO_LARGE, 413, {"error": cases.BODY_TOO_LARGE.message}),
+    ErrorCase("415", cases.NOT_JSON_MEDIA, 415, {"error": cases.NOT_JSON_MEDIA.message}),
+    ErrorCase("422", cases.UNSUPPORTED_PARAMETER, 422, {"error": cases.UNSUPPORTED_PARAMETER.message}),
+    ErrorCase(
+        "429 with Retry-After",
+        cases.RATE_LIMITED,
+        429,
+        {"error": cases.RATE_LIMITED.message},
+        cases.RATE_LIMIT_HEADERS,
+    ),
+    ErrorCase("500", cases.INTERNAL, 500, {"error": cases.INTERNAL.message}),
+    ErrorCase("502", cases.ANSWER_TOO_LARGE, 502, {"error": cases.ANSWER_TOO_LARGE.message}),
+    ErrorCase(
+        "503 with Retry-After",
+        cases.NO_REPLICA,
+        503,
+        {"error": cases.NO_REPLICA.message},
+        {"Retry-After": "5"},
+    ),
+    ErrorCase("504", cases.UPSTREAM_TIMEOUT, 504, {"error": cases.UPSTREAM_TIMEOUT.message}),
+]
+
+
+@pytest.mark.parametrize("case", ERRORS, ids=lambda case: case.id)
+def test_error(case: ErrorCase):
+    rendered = TRANSLATOR.error(case.error, "request-1")
+    assert (rendered.status, rendered.body, rendered.headers) == (case.status, case.body, case.headers)
+    assert response_errors(SPEC, PATH, "post", case.status, rendered.body) == []
