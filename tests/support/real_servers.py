@@ -302,7 +302,7 @@ def litellm_proxy_server(workdir: Path) -> Iterator[RunningServer]:
 
 
 if __name__ == "__main__":  # python -m tests.support.real_servers: make every venv ahead of a test run
-    from tests import client_libraries  # today's client libraries, beside the servers
+    from tests.support import client_libraries  # today's client libraries, beside the servers
 
     install_all(lambda message: print(message, flush=True))
     client_libraries.install_all(lambda message: print(message, flush=True))
