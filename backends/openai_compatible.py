@@ -31,6 +31,7 @@ import orjson
 from pydantic import ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from backends.base import Capabilities, Param, mapped, same_names
+from backends.http.bodies import content_text, error_message, snippet
 from backends.http.client import (
     ConnectFailed,
     Limits,
@@ -171,7 +172,6 @@ DEFAULT_HEADERS = {
     "accept-encoding": "identity",
     "user-agent": "chatgate",
 }
-MESSAGE_LIMIT = 1000
 STOP_TAIL = 1024  # characters of a streamed choice kept to check its end against the stop strings
 PATH = "/chat/completions"
 
@@ -735,10 +735,6 @@ def malformed(exc: Exception) -> BadGateway:
     return BadGateway(f"The upstream model server sent an unexpected response ({type(exc).__name__}: {exc}).")
 
 
-def snippet(raw: bytes, limit: int = 200) -> str:
-    return raw[:limit].decode("utf-8", "replace")
-
-
 def choices_asked(request: ChatRequest) -> int | None:
     """How many choices the upstream is asked for: the request's `n`, or one an extra parameter
     passes through (Azure's document has no `n`); None when that is not a count."""
@@ -765,15 +761,6 @@ def choice_index(choice: Mapping[str, Any], n: int) -> int:
     if not isinstance(index, int) or not 0 <= index < n:
         raise ValueError(f"choice index {index!r} outside 0..{n - 1}")
     return index
-
-
-def content_text(content: Any) -> str:
-    """Message content as text (a list of parts is joined by its text parts)."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    return "".join(part.get("text") or "" for part in content if isinstance(part, dict))
 
 
 def arguments_text(arguments: Any) -> str:
@@ -868,25 +855,6 @@ def counts(details: Any, names: tuple[str, ...]) -> dict[str, int] | None:
 
 def new_call_id() -> str:
     return "call_" + uuid.uuid4().hex[:24]
-
-
-def error_message(raw: bytes) -> tuple[str, str | None]:
-    """The message (and offending parameter) in an upstream error body of any common shape."""
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return (snippet(raw, MESSAGE_LIMIT).strip() or "(empty response)"), None
-    if not isinstance(body, dict):
-        return snippet(raw, MESSAGE_LIMIT), None
-    error = body.get("error")
-    if isinstance(error, dict):  # OpenAI, vLLM, chatgate
-        message, param = error.get("message"), error.get("param")
-    else:  # OVMS / Aleph Alpha {"error": "..."}, Azure {"error", "message"}, LMI {"message"}
-        message = body.get("message") or error or body.get("detail")
-        param = body.get("param")
-    if not isinstance(message, str):
-        message = orjson.dumps(message).decode() if message is not None else snippet(raw)
-    return message[:MESSAGE_LIMIT], param if isinstance(param, str) else None
 
 
 def stream_error(error: Any) -> GatewayError:

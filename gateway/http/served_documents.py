@@ -18,6 +18,8 @@ import yaml
 SPEC_PATH = "/openapi.json"
 YAML_SPEC_PATH = "/openapi.yaml"
 HTTP_METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
+# libyaml's emitter where PyYAML was built with it: the pure-Python one took most of a start
+SAFE_DUMPER: type[yaml.SafeDumper] = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
 def served_document(document: dict[str, Any], mount: str, keys_enforced: bool = True) -> dict[str, Any]:
@@ -42,6 +44,6 @@ def served_bodies(
         mount + SPEC_PATH: (b"application/json", orjson.dumps(served)),
         mount + YAML_SPEC_PATH: (
             b"application/yaml",
-            yaml.safe_dump(served, sort_keys=False, allow_unicode=True).encode(),
+            yaml.dump(served, Dumper=SAFE_DUMPER, sort_keys=False, allow_unicode=True).encode(),
         ),
     }

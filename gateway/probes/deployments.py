@@ -9,15 +9,17 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from backends.openai_compatible import OpenAICompatibleBackend
 from gateway.config.capabilities import effective
 from gateway.fleet.router import LiveDeployment, Replica, Router
 from gateway.probes.findings import ProbeReport, ProbeUnavailable
 from gateway.probes.narrowing import narrowed, not_honoured, refused_requests
-from gateway.probes.runner import Target, probe
 from gateway.probes.sets import PROBE_SETS
+
+if TYPE_CHECKING:
+    from backends.openai_compatible import OpenAICompatibleBackend
+    from gateway.probes.runner import Target
 
 log = logging.getLogger("chatgate.probes")
 RETRY_SECONDS = (5.0, 15.0, 60.0)  # waits after failed tries; the last, for good
@@ -44,7 +46,16 @@ class DeploymentProbe:
         }
 
 
-def probed_backend(replica: Replica) -> OpenAICompatibleBackend | None:
+PROBED_KIND = "openai-compatible"  # the one backend whose upstream is probed
+
+
+def probed_backend(live: LiveDeployment, replica: Replica) -> OpenAICompatibleBackend | None:
+    """The replica's backend when it is probed. Its module (and the HTTP client with it) is
+    imported only where a deployment has such a backend: it already has, by then."""
+    if live.config.backend != PROBED_KIND:
+        return None
+    from backends.openai_compatible import OpenAICompatibleBackend
+
     backend = replica.backend
     if isinstance(backend, OpenAICompatibleBackend) and backend.options.probe:
         return backend
@@ -53,6 +64,8 @@ def probed_backend(replica: Replica) -> OpenAICompatibleBackend | None:
 
 def target_of(backend: OpenAICompatibleBackend) -> Target:
     """The replica's upstream, reached as the backend reaches it (its headers and key, proxy, TLS)."""
+    from gateway.probes.runner import Target
+
     return Target(
         backend.shown_url,
         backend.upstream_model,
@@ -65,6 +78,8 @@ def target_of(backend: OpenAICompatibleBackend) -> Target:
 
 
 async def probe_deployment(live: LiveDeployment) -> DeploymentProbe:
+    from gateway.probes.runner import probe
+
     found = DeploymentProbe()
     probes = PROBE_SETS["openai"]  # what the openai-compatible backend speaks upstream
 
@@ -77,7 +92,7 @@ async def probe_deployment(live: LiveDeployment) -> DeploymentProbe:
             log.exception("deployment %s, replica %s: probing failed", live.name, replica.name)
             found.failures[replica.name] = f"{type(error).__name__}: {error}"
 
-    await asyncio.gather(*(one(r, b) for r in live.replicas if (b := probed_backend(r)) is not None))
+    await asyncio.gather(*(one(r, b) for r in live.replicas if (b := probed_backend(live, r)) is not None))
     for report in found.reports.values():
         found.features |= not_honoured(report.findings)
     found.state = "done" if found.reports else "failed"
@@ -92,7 +107,7 @@ class DeploymentProbes:
         self.deployments = {
             name: live
             for name, live in router.deployments.items()
-            if any(probed_backend(r) is not None for r in live.replicas)
+            if any(probed_backend(live, r) is not None for r in live.replicas)
         }
         # a deployment the reload kept shows what was found until its new probes are done
         kept = previous.results if previous is not None else {}

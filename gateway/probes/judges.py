@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from backends.openai_compatible import content_text, error_message
+from backends.http.bodies import content_text, error_message
 from gateway.probes.probe_set import Answer, Judge, Judgement, Probe
 
 JSON_LINES = "application/jsonlines"
