@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import jsonschema
 import pytest
 import typer
@@ -21,7 +22,8 @@ from typer.testing import CliRunner
 
 from gateway.cli import cli
 from gateway.config.schema import config_json_schema
-from tests.support.servers import ROOT
+from tests.support.choices_upstream import ChoicesUpstream, choice_text
+from tests.support.servers import ROOT, running_gateway
 
 DOCS = ROOT / "docs"
 README = ROOT / "README.md"
@@ -90,7 +92,9 @@ def test_the_docs_show_config_examples():
     assert len(config_examples()) >= 10
 
 
-@pytest.mark.parametrize(("name", "text"), config_examples(), ids=lambda value: value if "#" in value else "")
+@pytest.mark.parametrize(
+    ("name", "text"), [pytest.param(*example, id=example[0]) for example in config_examples()]
+)
 def test_every_config_example_is_accepted(tmp_path: Path, name: str, text: str):
     """By the schema (what an editor checks) and by `chatgate config check` (what the gateway
     checks). A fragment that is not a whole config says so with NOT_A_CONFIG before its fence."""
@@ -147,3 +151,20 @@ def test_the_docs_show_the_commands():
 def test_every_command_the_docs_show_exists(words: tuple[str, ...]):
     shown = CliRunner().invoke(cli, [*words, "--help"])
     assert shown.exit_code == 0, f"chatgate {' '.join(words)} --help: {shown.output}"
+
+
+def test_the_first_getting_started_page_works(tmp_path: Path, log_dir: Path):
+    """Front an OpenAI-compatible server: its config, pointed at a stand-in upstream, answers the
+    page's first request with the upstream's answer."""
+    page = DOCS / "getting-started" / "front-an-openai-server.md"
+    (config,) = [text for _, language, text in blocks(page) if language == "yaml"]
+    with ChoicesUpstream() as upstream:
+        path = tmp_path / "chatgate.yaml"
+        path.write_text(
+            config.replace("http://127.0.0.1:8082/v1", upstream.base_url("plain")), encoding="utf-8"
+        )
+        with running_gateway(log_dir, path) as url:
+            body = {"model": "echo", "messages": [{"role": "user", "content": "Hello!"}]}
+            answer = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30)
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["choices"][0]["message"]["content"] == choice_text(1, 0)
