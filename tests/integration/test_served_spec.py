@@ -67,7 +67,7 @@ def test_yaml_document_is_the_committed_one_too(gateway_url: str):
 
 def test_the_swagger_ui_is_public_as_documented(tmp_path, log_dir):
     """With keys configured, the UI (a static page over the public document) answers without one,
-    as the README says; a chat operation does not."""
+    as the docs say; a chat operation does not."""
     _key, sha = new_key()
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump({"keys": [{"name": "k", "sha256": sha}]}))
@@ -77,5 +77,5 @@ def test_the_swagger_ui_is_public_as_documented(tmp_path, log_dir):
         assert served.status_code == 200
         assert served.json()["security"] == load_document("openai.yaml")["security"]  # enforced: declared
         assert httpx.get(f"{url}/v1/models").status_code == 401
-    readme = (ROOT / "README.md").read_text()
-    assert "(`<mount>/ui/`" in readme
+    keys_page = (ROOT / "docs" / "configuration" / "keys.md").read_text()
+    assert "(`<mount>/ui/`" in keys_page

@@ -1,5 +1,6 @@
-"""The policy's order is said once, in gateway/policy/pipeline.py, and the README's lists are
-that order; each deployment's lists hold only the steps it has something for."""
+"""The policy's order is said once, in gateway/policy/pipeline.py, and the docs' lists
+(docs/configuration/policy.md) are that order; each deployment's lists hold only the steps it
+has something for."""
 
 from __future__ import annotations
 
@@ -13,8 +14,7 @@ from gateway.policy.pipeline import ADMISSION, ANSWER_STREAM, ANSWER_USAGE, ROUT
 from gateway.runtime import Runtime
 from tests.support.servers import ROOT
 
-README = (ROOT / "README.md").read_text(encoding="utf-8")
-POLICY_SECTION = README.split("### Policy\n", 1)[1].split("\n### ", 1)[0]
+POLICY_SECTION = (ROOT / "docs" / "configuration" / "policy.md").read_text(encoding="utf-8")
 
 
 def numbered_lists(text: str) -> list[list[str]]:
@@ -30,7 +30,7 @@ def numbered_lists(text: str) -> list[list[str]]:
     return found
 
 
-def test_the_readme_lists_the_pipelines_order():
+def test_the_docs_list_the_pipelines_order():
     assert numbered_lists(POLICY_SECTION) == [
         [ROUTE.title, *(kind.title for kind in ADMISSION)],
         [kind.title for kind in ANSWER_USAGE],
