@@ -31,7 +31,7 @@ from gateway.dialects.shape import DocumentFacts, OpenAIShaped
 from gateway.http.call import Call
 from gateway.http.documents import DialectSpec, load_document
 from gateway.http.error_dialects import ErrorDialects
-from gateway.http.front_door import FrontDoor, Handler
+from gateway.http.front_door import FrontDoor, Handler, connexion_view
 from gateway.http.lifecycle import Lifecycle
 from gateway.probes.deployments import DeploymentProbes
 from gateway.runtime import Runtime
@@ -248,8 +248,9 @@ def build_gateway(
             if isinstance(op, dict) and "operationId" in op
         ]
         app.add_api(
-            document,
+            connexion_view(document),
             base_path=mount,
+            document=document,
             name=dialect.name,
             translator=translators[dialect.name],
             handlers={op: live.handler(dialect.name, op) for op in operation_ids},

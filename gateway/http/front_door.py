@@ -1,11 +1,12 @@
 """The front door: every request's one way in, compiled from the dialects' documents.
 
-A Connexion middleware (`SpecMiddleware`: Connexion hands it each dialect's specification through
-`add_api`) that replaces Connexion's routing, security and validation layers with one table
-compiled at start: method and path → operation, with its parameters' validators, its body's
-validator and the key schemes its document names. For each request it routes (404, 405),
-authenticates (401), checks parameters and body (400, 413, 415), hands a `Call` to the
-operation's handler and renders any error in the dialect's shape, all in one layer and one pass.
+A Connexion middleware (`SpecMiddleware`: Connexion hands it each dialect's document through
+`add_api`, beside the small view of it that Connexion itself reads: see `connexion_view`) that
+replaces Connexion's routing, security and validation layers with one table compiled at start:
+method and path → operation, with its parameters' validators, its body's validator and the key
+schemes its document names. For each request it routes (404, 405), authenticates (401), checks
+parameters and body (400, 413, 415), hands a `Call` to the operation's handler and renders any
+error in the dialect's shape, all in one layer and one pass.
 It also serves each dialect's committed document (as this gateway runs it: its mount, and no
 `security` when it has no keys), and passes the Swagger UI's paths on to
 Connexion's own Swagger UI middleware behind it.
@@ -43,7 +44,7 @@ from gateway.dialects.shape import OpenAIShaped
 from gateway.http.call import Call
 from gateway.http.documents import resolve
 from gateway.http.error_dialects import ErrorDialects
-from gateway.http.served_documents import served_bodies
+from gateway.http.served_documents import ServedBody, served_bodies
 from gateway.http.validation import compile_schema, parse_and_validate, read_body
 from gateway.policy.auth import ANONYMOUS, KeyStore, Scheme, authenticate, schemes_of
 from gateway.telemetry.access_log import AccessLog
@@ -116,6 +117,16 @@ def template_pattern(path: str) -> re.Pattern[str]:
     return re.compile(f"^{pattern}$")
 
 
+def connexion_view(document: dict[str, Any]) -> dict[str, Any]:
+    """What Connexion is given of a document: its version and title, no operations. Connexion
+    routes, checks and validates nothing here (the front door does), and its Swagger UI needs only
+    the version; given the whole document it would validate it against the OpenAPI schema and
+    resolve every reference at each start, a quarter of the time to the first request. The
+    documents are checked against the OpenAPI schema by the test suite
+    (tests/unit/test_spec_documents.py), and the front door compiles them whole."""
+    return {"openapi": document["openapi"], "info": document["info"], "paths": {}}
+
+
 class FrontDoor(SpecMiddleware):
     def __init__(
         self,
@@ -140,7 +151,7 @@ class FrontDoor(SpecMiddleware):
         self.tracing = tracing  # None: off
         self.exact: dict[str, dict[str, Operation]] = {}
         self.templated: list[tuple[re.Pattern[str], dict[str, Operation]]] = []
-        self.documents: dict[str, tuple[bytes, bytes]] = {}  # path → (media type, body)
+        self.documents: dict[str, ServedBody] = {}  # path → the document served there
         self.ui_prefixes: tuple[str, ...] = ()
         if on_built is not None:
             on_built(self)
@@ -154,16 +165,16 @@ class FrontDoor(SpecMiddleware):
 
     def add_api(
         self,
-        specification: Any,
+        specification: Any,  # Connexion's Specification of the view; the document comes whole
         base_path: str | None = None,
         *,
+        document: dict[str, Any],
         translator: OpenAIShaped,
         handlers: dict[str, Handler],
         dialect: str,
         **_connexion_options: Any,
     ) -> None:
         """Compile one dialect's document, mounted at `base_path`, into the routing table."""
-        document: dict[str, Any] = specification.raw
         mount = (base_path or "").rstrip("/")
         for path, item in document["paths"].items():
             for method in HTTP_METHODS:
@@ -409,10 +420,8 @@ class FrontDoor(SpecMiddleware):
         return query
 
     @staticmethod
-    async def send_document(
-        document: tuple[bytes, bytes], method: str, request_id: bytes, send: Send
-    ) -> None:
-        media_type, body = document
+    async def send_document(document: ServedBody, method: str, request_id: bytes, send: Send) -> None:
+        media_type, body = document.media_type, document.body
         headers = [
             (b"content-type", media_type),
             (b"content-length", str(len(body)).encode()),

@@ -4,12 +4,14 @@ Users who generate clients or run conformance tools from the served document get
 openapi/, with two differences that describe the running server: `servers` names the mount the
 gateway serves the dialect at, and a gateway with no keys configured declares no `security` (it
 enforces none: a document that declared it would promise checks the gateway does not make). The
-bodies are rendered once, at start.
+JSON body is rendered once, at start; the YAML one when it is first asked for (rendering it
+took a tenth of a start, and few clients ask).
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -35,15 +37,31 @@ def served_document(document: dict[str, Any], mount: str, keys_enforced: bool = 
     return served
 
 
-def served_bodies(
-    document: dict[str, Any], mount: str, keys_enforced: bool = True
-) -> dict[str, tuple[bytes, bytes]]:
-    """Path → (media type, body) of the document in JSON and in YAML."""
+class ServedBody:
+    """One served form of a document: its media type, and its body rendered once, when asked."""
+
+    __slots__ = ("_body", "_render", "media_type")
+
+    def __init__(self, media_type: bytes, render: Callable[[], bytes]) -> None:
+        self.media_type = media_type
+        self._render: Callable[[], bytes] | None = render
+        self._body = b""
+
+    @property
+    def body(self) -> bytes:
+        if self._render is not None:
+            self._body, self._render = self._render(), None
+        return self._body
+
+
+def served_bodies(document: dict[str, Any], mount: str, keys_enforced: bool = True) -> dict[str, ServedBody]:
+    """Path → the document in JSON and in YAML."""
     served = served_document(document, mount, keys_enforced)
+    json_body = orjson.dumps(served)
     return {
-        mount + SPEC_PATH: (b"application/json", orjson.dumps(served)),
-        mount + YAML_SPEC_PATH: (
+        mount + SPEC_PATH: ServedBody(b"application/json", lambda: json_body),
+        mount + YAML_SPEC_PATH: ServedBody(
             b"application/yaml",
-            yaml.dump(served, Dumper=SAFE_DUMPER, sort_keys=False, allow_unicode=True).encode(),
+            lambda: yaml.dump(served, Dumper=SAFE_DUMPER, sort_keys=False, allow_unicode=True).encode(),
         ),
     }
