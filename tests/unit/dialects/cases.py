@@ -4,6 +4,7 @@ stream chunk against the dialect's own document."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -148,6 +149,20 @@ WEATHER_CALL_BODY = {
 }
 
 
+def completion_body(choices: list[dict[str, Any]], *, without: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The completion body of the shared answer with these `choices` (less the fields a dialect's
+    document has no place for)."""
+    body = {
+        "id": ANSWER_ID,
+        "object": "chat.completion",
+        "created": CREATED,
+        "model": MODEL,
+        "choices": choices,
+        "usage": USAGE_BODY,
+    }
+    return {key: value for key, value in body.items() if key not in without}
+
+
 @dataclass(frozen=True)
 class CompletionCase:
     """Gathered choices and the `choices` of the completion body they render as."""
@@ -287,3 +302,23 @@ def chunk_errors(spec_file: str, path: str, chunk: dict[str, Any]) -> list[str]:
     define included; [] when it conforms."""
     validator = chunk_validator(spec_file, path)
     return [f"{list(e.instance_path)}: {e.message}" for e in validator.iter_errors(chunk)]
+
+
+# ----- a dialect's tables ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DialectTables:
+    """What a dialect's module hands the shared tests (test_answers.py): its rows, and where its
+    document defines the chat operation they are held to."""
+
+    dialect: str
+    spec: str  # its file in openapi/
+    paths: tuple[str, ...]  # its chat operations' paths (the same request and answers)
+    reads: Sequence[Any]  # ReadCase rows, plain or wrapped in pytest.param
+    completions: Sequence[CompletionCase]
+    streams: Sequence[StreamCase]
+    errors: Sequence[ErrorCase]
+    refused: Sequence[RefusedCase] = ()
+    answers: Sequence[AnswerCase] = ()  # where the document has fields for what the backend said
+    completion_without: tuple[str, ...] = ()  # fields of completion_body its document lacks

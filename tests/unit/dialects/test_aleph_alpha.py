@@ -11,23 +11,17 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from gateway.core.canonical import (
     Choice,
-    Completion,
     Finish,
-    FinishReason,
     RefusalDelta,
     ServedBy,
     TextDelta,
 )
 from gateway.core.errors import BadRequest, GatewayError
-from tests.support.documents import response_errors
 from tests.unit.dialects import cases
 from tests.unit.dialects.cases import (
     LOGPROBS,
-    MINIMAL_BODY,
     MISSING_LOGPROB,
     USAGE,
     USAGE_BODY,
@@ -38,10 +32,6 @@ from tests.unit.dialects.cases import (
     RefusedCase,
     StreamCase,
 )
-
-TRANSLATOR = cases.translator("aleph_alpha")
-SPEC, PATH = "aleph_alpha.yaml", "/chat/completions"
-
 
 WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
 WEATHER_CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
@@ -144,11 +134,6 @@ READS = [
 ]
 
 
-@pytest.mark.parametrize("case", READS, ids=lambda case: case.id)
-def test_read(case: ReadCase):
-    assert TRANSLATOR.read({**MINIMAL_BODY, **case.body}) == cases.request(**case.expected)
-
-
 def rejected(name: str, value: Any) -> RefusedCase:
     return RefusedCase(
         f"rejected: {name}",
@@ -196,33 +181,7 @@ REFUSED = [
 ]
 
 
-@pytest.mark.parametrize("case", REFUSED, ids=lambda case: case.id)
-def test_refused(case: RefusedCase):
-    with pytest.raises(case.error) as raised:
-        TRANSLATOR.read({**MINIMAL_BODY, **case.body})
-    error = raised.value
-    assert (error.code, error.param, error.loc, error.value) == (case.code, case.param, case.loc, case.value)
-    rendered = TRANSLATOR.error(error, "request-1")
-    assert rendered.status == error.status
-    assert response_errors(SPEC, PATH, "post", rendered.status, rendered.body) == []
-
-
-def test_every_parameter_the_document_defines_has_a_row():
-    assert cases.parameters_in(READS, REFUSED) >= TRANSLATOR.facts.fields
-
-
 # ----- completion -------------------------------------------------------------------------------
-
-
-def completion_body(choices: list[dict[str, Any]]) -> dict[str, Any]:
-    return {
-        "id": cases.ANSWER_ID,
-        "object": "chat.completion",
-        "created": cases.CREATED,
-        "model": cases.MODEL,
-        "choices": choices,
-        "usage": USAGE_BODY,
-    }
 
 
 def message(content: str) -> dict[str, Any]:
@@ -322,40 +281,6 @@ ANSWERS = [
 ]
 
 
-@pytest.mark.parametrize("case", ANSWERS, ids=lambda case: case.id)
-def test_what_the_backend_said_of_the_answer(case: AnswerCase):
-    choices = [Choice(0, "Hi", finish_reason="stop")]
-    body = TRANSLATOR.completion(cases.answer(), Completion(choices, case.usage, case.served))
-    assert {k: v for k, v in body.items() if k not in ("id", "object", "created", "model", "choices")} == (
-        case.expected
-    )
-    assert response_errors(SPEC, PATH, "post", 200, body) == []
-
-
-@pytest.mark.parametrize("case", COMPLETIONS, ids=lambda case: case.id)
-def test_completion(case: CompletionCase):
-    body = TRANSLATOR.completion(cases.answer(), Completion(case.choices, USAGE))
-    assert body == completion_body(case.expected)
-    assert response_errors(SPEC, PATH, "post", 200, body) == []
-
-
-# The 4.7.0 document takes tools; its service (and client) end such an answer with tool_calls.
-FINISH_WORDS = [
-    ("stop", "stop"),
-    ("stop_sequence", "stop"),
-    ("length", "length"),
-    ("content_filter", "content_filter"),
-    ("tool_calls", "tool_calls"),
-]
-
-
-@pytest.mark.parametrize(("reason", "word"), FINISH_WORDS)
-def test_finish_reason_words(reason: FinishReason, word: str):
-    body = TRANSLATOR.completion(cases.answer(), Completion([Choice(0, "x", finish_reason=reason)], USAGE))
-    (last,) = cases.stream(TRANSLATOR, [Finish(0, reason)])
-    assert body["choices"][0]["finish_reason"] == last["choices"][0]["finish_reason"] == word
-
-
 # ----- chunks -----------------------------------------------------------------------------------
 
 
@@ -434,14 +359,6 @@ STREAMS = [
 ]
 
 
-@pytest.mark.parametrize("case", STREAMS, ids=lambda case: case.id)
-def test_stream(case: StreamCase):
-    chunks = cases.stream(TRANSLATOR, case.events, include_usage=case.include_usage)
-    assert chunks == case.expected
-    for each in chunks:
-        assert cases.chunk_errors(SPEC, PATH, each) == []
-
-
 # ----- error ------------------------------------------------------------------------------------
 
 
@@ -506,8 +423,15 @@ ERRORS = [
 ]
 
 
-@pytest.mark.parametrize("case", ERRORS, ids=lambda case: case.id)
-def test_error(case: ErrorCase):
-    rendered = TRANSLATOR.error(case.error, "request-1")
-    assert (rendered.status, rendered.body, rendered.headers) == (case.status, case.body, case.headers)
-    assert response_errors(SPEC, PATH, "post", case.status, rendered.body) == []
+# the rows the shared tests (test_answers.py) run for this dialect
+TABLES = cases.DialectTables(
+    "aleph_alpha",
+    "aleph_alpha.yaml",
+    ("/chat/completions",),
+    reads=READS,
+    completions=COMPLETIONS,
+    streams=STREAMS,
+    errors=ERRORS,
+    refused=REFUSED,
+    answers=ANSWERS,
+)

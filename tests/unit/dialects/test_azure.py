@@ -8,22 +8,16 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from gateway.core.canonical import (
     Choice,
-    Completion,
     Finish,
-    FinishReason,
     RefusalDelta,
     ServedBy,
     TextDelta,
 )
 from gateway.core.errors import GatewayError, UnprocessableContent
-from tests.support.documents import response_errors
 from tests.unit.dialects import cases
 from tests.unit.dialects.cases import (
-    MINIMAL_BODY,
     USAGE,
     USAGE_BODY,
     WEATHER_CALL,
@@ -35,8 +29,6 @@ from tests.unit.dialects.cases import (
     StreamCase,
 )
 
-TRANSLATOR = cases.translator("azure")
-SPEC, PATH = "azure.yaml", "/chat/completions"
 WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather"}}
 
 # ----- read -------------------------------------------------------------------------------------
@@ -112,27 +104,7 @@ READS = [
 ]
 
 
-@pytest.mark.parametrize("case", READS, ids=lambda case: case.id)
-def test_read(case: ReadCase):
-    assert TRANSLATOR.read({**MINIMAL_BODY, **case.body}) == cases.request(**case.expected)
-
-
-def test_every_parameter_the_document_defines_has_a_row():
-    assert cases.parameters_in(READS) >= TRANSLATOR.facts.fields
-
-
 # ----- completion -------------------------------------------------------------------------------
-
-
-def completion_body(choices: list[dict[str, Any]]) -> dict[str, Any]:
-    return {
-        "id": cases.ANSWER_ID,
-        "object": "chat.completion",
-        "created": cases.CREATED,
-        "model": cases.MODEL,
-        "choices": choices,
-        "usage": USAGE_BODY,
-    }
 
 
 COMPLETIONS = [
@@ -186,39 +158,6 @@ ANSWERS = [
         {"system_fingerprint": "fp_44709d6fcb", "usage": USAGE_BODY},
     ),
 ]
-
-
-@pytest.mark.parametrize("case", ANSWERS, ids=lambda case: case.id)
-def test_what_the_backend_said_of_the_answer(case: AnswerCase):
-    choices = [Choice(0, "Hi", finish_reason="stop")]
-    body = TRANSLATOR.completion(cases.answer(), Completion(choices, case.usage, case.served))
-    assert {k: v for k, v in body.items() if k not in ("id", "object", "created", "model", "choices")} == (
-        case.expected
-    )
-    assert response_errors(SPEC, PATH, "post", 200, body) == []
-
-
-@pytest.mark.parametrize("case", COMPLETIONS, ids=lambda case: case.id)
-def test_completion(case: CompletionCase):
-    body = TRANSLATOR.completion(cases.answer(), Completion(case.choices, USAGE))
-    assert body == completion_body(case.expected)
-    assert response_errors(SPEC, PATH, "post", 200, body) == []
-
-
-FINISH_WORDS = [
-    ("stop", "stop"),
-    ("stop_sequence", "stop"),
-    ("length", "length"),
-    ("tool_calls", "tool_calls"),
-    ("content_filter", "content_filter"),
-]
-
-
-@pytest.mark.parametrize(("reason", "word"), FINISH_WORDS)
-def test_finish_reason_words(reason: FinishReason, word: str):
-    body = TRANSLATOR.completion(cases.answer(), Completion([Choice(0, "x", finish_reason=reason)], USAGE))
-    (last,) = cases.stream(TRANSLATOR, [Finish(0, reason), USAGE])
-    assert body["choices"][0]["finish_reason"] == last["choices"][0]["finish_reason"] == word
 
 
 # ----- chunks -----------------------------------------------------------------------------------
@@ -295,14 +234,6 @@ STREAMS = [
         ],
     ),
 ]
-
-
-@pytest.mark.parametrize("case", STREAMS, ids=lambda case: case.id)
-def test_stream(case: StreamCase):
-    chunks = cases.stream(TRANSLATOR, case.events, include_usage=case.include_usage)
-    assert chunks == case.expected
-    for each in chunks:
-        assert cases.chunk_errors(SPEC, PATH, each) == []
 
 
 # ----- error ------------------------------------------------------------------------------------
@@ -483,8 +414,14 @@ ERRORS = [
 ]
 
 
-@pytest.mark.parametrize("case", ERRORS, ids=lambda case: case.id)
-def test_error(case: ErrorCase):
-    rendered = TRANSLATOR.error(case.error, "request-1")
-    assert (rendered.status, rendered.body, rendered.headers) == (case.status, case.body, case.headers)
-    assert response_errors(SPEC, PATH, "post", case.status, rendered.body) == []
+# the rows the shared tests (test_answers.py) run for this dialect
+TABLES = cases.DialectTables(
+    "azure",
+    "azure.yaml",
+    ("/chat/completions",),
+    reads=READS,
+    completions=COMPLETIONS,
+    streams=STREAMS,
+    errors=ERRORS,
+    answers=ANSWERS,
+)

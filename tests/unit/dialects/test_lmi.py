@@ -9,35 +9,24 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from gateway.core.canonical import (
     Choice,
-    Completion,
     Finish,
-    FinishReason,
     TextDelta,
     TokenLogprob,
     TopLogprob,
 )
 from gateway.core.errors import GatewayError
-from tests.support.documents import response_errors
 from tests.unit.dialects import cases
 from tests.unit.dialects.cases import (
     LOGPROBS,
-    MINIMAL_BODY,
     MISSING_LOGPROB,
     USAGE,
-    USAGE_BODY,
     CompletionCase,
     ErrorCase,
     ReadCase,
     StreamCase,
 )
-
-TRANSLATOR = cases.translator("lmi")
-SPEC = "lmi.yaml"
-PATHS = ["/v1/chat/completions", "/invocations"]  # the same chat request and answers
 
 # ----- read -------------------------------------------------------------------------------------
 
@@ -86,27 +75,7 @@ READS = [
 ]
 
 
-@pytest.mark.parametrize("case", READS, ids=lambda case: case.id)
-def test_read(case: ReadCase):
-    assert TRANSLATOR.read({**MINIMAL_BODY, **case.body}) == cases.request(**case.expected)
-
-
-def test_every_parameter_the_document_defines_has_a_row():
-    assert cases.parameters_in(READS) >= TRANSLATOR.facts.fields
-
-
 # ----- completion -------------------------------------------------------------------------------
-
-
-def completion_body(choices: list[dict[str, Any]]) -> dict[str, Any]:
-    """No `model` in LMI's bodies; `usage` always."""
-    return {
-        "id": cases.ANSWER_ID,
-        "object": "chat.completion",
-        "created": cases.CREATED,
-        "choices": choices,
-        "usage": USAGE_BODY,
-    }
 
 
 def message(content: str) -> dict[str, Any]:
@@ -214,31 +183,6 @@ COMPLETIONS = [
 ]
 
 
-@pytest.mark.parametrize("case", COMPLETIONS, ids=lambda case: case.id)
-def test_completion(case: CompletionCase):
-    body = TRANSLATOR.completion(cases.answer(), Completion(case.choices, USAGE))
-    assert body == completion_body(case.expected)
-    if case.checked_against_document:
-        for path in PATHS:
-            assert response_errors(SPEC, path, "post", 200, body) == []
-
-
-FINISH_WORDS = [
-    ("stop", "eos_token"),
-    ("stop_sequence", "stop_sequence"),
-    ("length", "length"),
-    ("tool_calls", "eos_token"),
-    ("content_filter", "stop_sequence"),
-]
-
-
-@pytest.mark.parametrize(("reason", "word"), FINISH_WORDS)
-def test_finish_reason_words(reason: FinishReason, word: str):
-    body = TRANSLATOR.completion(cases.answer(), Completion([Choice(0, "x", finish_reason=reason)], USAGE))
-    (last,) = cases.stream(TRANSLATOR, [Finish(0, reason)])
-    assert body["choices"][0]["finish_reason"] == last["choices"][0]["finish_reason"] == word
-
-
 # ----- chunks -----------------------------------------------------------------------------------
 
 
@@ -307,15 +251,6 @@ STREAMS = [
 ]
 
 
-@pytest.mark.parametrize("case", STREAMS, ids=lambda case: case.id)
-def test_stream(case: StreamCase):
-    chunks = cases.stream(TRANSLATOR, case.events, include_usage=case.include_usage)
-    assert chunks == case.expected
-    for each in chunks:
-        for path in PATHS:
-            assert cases.chunk_errors(SPEC, path, each) == []
-
-
 # ----- error ------------------------------------------------------------------------------------
 
 
@@ -378,9 +313,14 @@ ERRORS = [
 ]
 
 
-@pytest.mark.parametrize("case", ERRORS, ids=lambda case: case.id)
-def test_error(case: ErrorCase):
-    rendered = TRANSLATOR.error(case.error, "request-1")
-    assert (rendered.status, rendered.body, rendered.headers) == (case.status, case.body, case.headers)
-    for path in PATHS:
-        assert response_errors(SPEC, path, "post", case.status, rendered.body) == []
+# the rows the shared tests (test_answers.py) run for this dialect
+TABLES = cases.DialectTables(
+    "lmi",
+    "lmi.yaml",
+    ("/v1/chat/completions", "/invocations"),
+    reads=READS,
+    completions=COMPLETIONS,
+    streams=STREAMS,
+    errors=ERRORS,
+    completion_without=("model",),
+)

@@ -13,20 +13,16 @@ import pytest
 
 from gateway.core.canonical import (
     Choice,
-    Completion,
     Finish,
-    FinishReason,
     RefusalDelta,
     ServedBy,
     TextDelta,
 )
 from gateway.core.errors import GatewayError, NotFound
 from gateway.fleet.router import Router
-from tests.support.documents import response_errors
 from tests.unit.dialects import cases
 from tests.unit.dialects.cases import (
     LOGPROBS,
-    MINIMAL_BODY,
     MISSING_LOGPROB,
     USAGE,
     USAGE_BODY,
@@ -40,7 +36,6 @@ from tests.unit.dialects.cases import (
 )
 
 TRANSLATOR = cases.translator("openai")
-SPEC, PATH = "openai.yaml", "/chat/completions"
 WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
 
 # ----- read -------------------------------------------------------------------------------------
@@ -151,27 +146,7 @@ READS = [
 ]
 
 
-@pytest.mark.parametrize("case", READS, ids=lambda case: case.id)
-def test_read(case: ReadCase):
-    assert TRANSLATOR.read({**MINIMAL_BODY, **case.body}) == cases.request(**case.expected)
-
-
-def test_every_parameter_the_document_defines_has_a_row():
-    assert cases.parameters_in(READS) >= TRANSLATOR.facts.fields
-
-
 # ----- completion -------------------------------------------------------------------------------
-
-
-def completion_body(choices: list[dict[str, Any]]) -> dict[str, Any]:
-    return {
-        "id": cases.ANSWER_ID,
-        "object": "chat.completion",
-        "created": cases.CREATED,
-        "model": cases.MODEL,
-        "choices": choices,
-        "usage": USAGE_BODY,
-    }
 
 
 def message(content: str | None, **more: Any) -> dict[str, Any]:
@@ -311,14 +286,6 @@ COMPLETIONS = [
 ]
 
 
-@pytest.mark.parametrize("case", COMPLETIONS, ids=lambda case: case.id)
-def test_completion(case: CompletionCase):
-    body = TRANSLATOR.completion(cases.answer(**case.request), Completion(case.choices, USAGE))
-    assert body == completion_body(case.expected)
-    if case.checked_against_document:
-        assert response_errors(SPEC, PATH, "post", 200, body) == []
-
-
 ANSWERS = [
     AnswerCase("nothing said", ServedBy(), USAGE, {"usage": USAGE_BODY}),
     AnswerCase(
@@ -336,32 +303,6 @@ ANSWERS = [
         },
     ),
 ]
-
-
-@pytest.mark.parametrize("case", ANSWERS, ids=lambda case: case.id)
-def test_what_the_backend_said_of_the_answer(case: AnswerCase):
-    choices = [Choice(0, "Hi", finish_reason="stop")]
-    body = TRANSLATOR.completion(cases.answer(), Completion(choices, case.usage, case.served))
-    assert {k: v for k, v in body.items() if k not in ("id", "object", "created", "model", "choices")} == (
-        case.expected
-    )
-    assert response_errors(SPEC, PATH, "post", 200, body) == []
-
-
-FINISH_WORDS = [
-    ("stop", "stop"),
-    ("stop_sequence", "stop"),
-    ("length", "length"),
-    ("tool_calls", "tool_calls"),
-    ("content_filter", "content_filter"),
-]
-
-
-@pytest.mark.parametrize(("reason", "word"), FINISH_WORDS)
-def test_finish_reason_words(reason: FinishReason, word: str):
-    body = TRANSLATOR.completion(cases.answer(), Completion([Choice(0, "x", finish_reason=reason)], USAGE))
-    (last,) = cases.stream(TRANSLATOR, [Finish(0, reason)])
-    assert body["choices"][0]["finish_reason"] == last["choices"][0]["finish_reason"] == word
 
 
 # ----- chunks -----------------------------------------------------------------------------------
@@ -477,14 +418,6 @@ STREAMS = [
 ]
 
 
-@pytest.mark.parametrize("case", STREAMS, ids=lambda case: case.id)
-def test_stream(case: StreamCase):
-    chunks = cases.stream(TRANSLATOR, case.events, include_usage=case.include_usage, **case.request)
-    assert chunks == case.expected
-    for each in chunks:
-        assert cases.chunk_errors(SPEC, PATH, each) == []
-
-
 # ----- error ------------------------------------------------------------------------------------
 
 
@@ -596,14 +529,20 @@ ERRORS = [
 ]
 
 
-@pytest.mark.parametrize("case", ERRORS, ids=lambda case: case.id)
-def test_error(case: ErrorCase):
-    rendered = TRANSLATOR.error(case.error, "request-1")
-    assert (rendered.status, rendered.body, rendered.headers) == (case.status, case.body, case.headers)
-    assert response_errors(SPEC, PATH, "post", case.status, rendered.body) == []
-
-
 def test_a_hidden_model_reads_as_an_unknown_one():
     with pytest.raises(NotFound) as unknown:
         Router([]).route("text-only")  # a router with no deployments knows no model
     assert TRANSLATOR.error(cases.HIDDEN_DEPLOYMENT, "r") == TRANSLATOR.error(unknown.value, "r")
+
+
+# the rows the shared tests (test_answers.py) run for this dialect
+TABLES = cases.DialectTables(
+    "openai",
+    "openai.yaml",
+    ("/chat/completions",),
+    reads=READS,
+    completions=COMPLETIONS,
+    streams=STREAMS,
+    errors=ERRORS,
+    answers=ANSWERS,
+)

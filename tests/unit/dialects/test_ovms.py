@@ -11,9 +11,8 @@ from typing import Any
 
 import pytest
 
-from gateway.core.canonical import Choice, Completion, Finish, FinishReason, RefusalDelta, TextDelta
+from gateway.core.canonical import Choice, Finish, RefusalDelta, TextDelta
 from gateway.core.errors import BadRequest
-from tests.support.documents import response_errors
 from tests.unit.dialects import cases
 from tests.unit.dialects.cases import (
     LOGPROBS,
@@ -31,7 +30,6 @@ from tests.unit.dialects.cases import (
 )
 
 TRANSLATOR = cases.translator("ovms")
-SPEC, PATH = "ovms.yaml", "/chat/completions"
 WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather"}}
 
 # ----- read -------------------------------------------------------------------------------------
@@ -125,11 +123,6 @@ READS = [
 ]
 
 
-@pytest.mark.parametrize("case", READS, ids=lambda case: case.id)
-def test_read(case: ReadCase):
-    assert TRANSLATOR.read({**MINIMAL_BODY, **case.body}) == cases.request(**case.expected)
-
-
 def rejected(name: str, value: Any) -> RefusedCase:
     return RefusedCase(
         f"rejected: {name}",
@@ -216,17 +209,6 @@ REFUSED = [
 ]
 
 
-@pytest.mark.parametrize("case", REFUSED, ids=lambda case: case.id)
-def test_refused(case: RefusedCase):
-    with pytest.raises(case.error) as raised:
-        TRANSLATOR.read({**MINIMAL_BODY, **case.body})
-    error = raised.value
-    assert (error.code, error.param, error.loc, error.value) == (case.code, case.param, case.loc, case.value)
-    rendered = TRANSLATOR.error(error, "request-1")
-    assert rendered.status == error.status
-    assert response_errors(SPEC, PATH, "post", rendered.status, rendered.body) == []
-
-
 def test_best_of_below_n_says_both():
     with pytest.raises(BadRequest) as raised:
         TRANSLATOR.read({**MINIMAL_BODY, "n": 3, "best_of": 2})
@@ -236,22 +218,7 @@ def test_best_of_below_n_says_both():
     }
 
 
-def test_every_parameter_the_document_defines_has_a_row():
-    assert cases.parameters_in(READS, REFUSED) >= TRANSLATOR.facts.fields
-
-
 # ----- completion -------------------------------------------------------------------------------
-
-
-def completion_body(choices: list[dict[str, Any]]) -> dict[str, Any]:
-    """OVMS sends no `id` (nor system_fingerprint)."""
-    return {
-        "object": "chat.completion",
-        "created": cases.CREATED,
-        "model": cases.MODEL,
-        "choices": choices,
-        "usage": USAGE_BODY,
-    }
 
 
 def message(content: str | None, **more: Any) -> dict[str, Any]:
@@ -313,29 +280,6 @@ COMPLETIONS = [
 ]
 
 
-@pytest.mark.parametrize("case", COMPLETIONS, ids=lambda case: case.id)
-def test_completion(case: CompletionCase):
-    body = TRANSLATOR.completion(cases.answer(), Completion(case.choices, USAGE))
-    assert body == completion_body(case.expected)
-    assert response_errors(SPEC, PATH, "post", 200, body) == []
-
-
-FINISH_WORDS = [
-    ("stop", "stop"),
-    ("stop_sequence", "stop"),
-    ("length", "length"),
-    ("tool_calls", "stop"),
-    ("content_filter", "stop"),
-]
-
-
-@pytest.mark.parametrize(("reason", "word"), FINISH_WORDS)
-def test_finish_reason_words(reason: FinishReason, word: str):
-    body = TRANSLATOR.completion(cases.answer(), Completion([Choice(0, "x", finish_reason=reason)], USAGE))
-    (last,) = cases.stream(TRANSLATOR, [Finish(0, reason)])
-    assert body["choices"][0]["finish_reason"] == last["choices"][0]["finish_reason"] == word
-
-
 # ----- chunks -----------------------------------------------------------------------------------
 
 
@@ -393,14 +337,6 @@ STREAMS = [
 ]
 
 
-@pytest.mark.parametrize("case", STREAMS, ids=lambda case: case.id)
-def test_stream(case: StreamCase):
-    chunks = cases.stream(TRANSLATOR, case.events, include_usage=case.include_usage)
-    assert chunks == case.expected
-    for each in chunks:
-        assert cases.chunk_errors(SPEC, PATH, each) == []
-
-
 # ----- error ------------------------------------------------------------------------------------
 
 ERRORS = [
@@ -440,8 +376,15 @@ ERRORS = [
 ]
 
 
-@pytest.mark.parametrize("case", ERRORS, ids=lambda case: case.id)
-def test_error(case: ErrorCase):
-    rendered = TRANSLATOR.error(case.error, "request-1")
-    assert (rendered.status, rendered.body, rendered.headers) == (case.status, case.body, case.headers)
-    assert response_errors(SPEC, PATH, "post", case.status, rendered.body) == []
+# the rows the shared tests (test_answers.py) run for this dialect
+TABLES = cases.DialectTables(
+    "ovms",
+    "ovms.yaml",
+    ("/chat/completions",),
+    reads=READS,
+    completions=COMPLETIONS,
+    streams=STREAMS,
+    errors=ERRORS,
+    refused=REFUSED,
+    completion_without=("id",),
+)
