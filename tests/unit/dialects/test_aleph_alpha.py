@@ -134,18 +134,6 @@ READS = [
 ]
 
 
-def rejected(name: str, value: Any) -> RefusedCase:
-    return RefusedCase(
-        f"rejected: {name}",
-        {name: value},
-        BadRequest,
-        "UnsupportedParameter",
-        name,
-        ["body", name],
-        value,
-    )
-
-
 def out_of_order(roles: list[str], index: int | None) -> RefusedCase:
     """Roles whose message `index` breaks the order (None: the conversation does not end with user)."""
     loc: list[str | int] = ["body", "messages"] if index is None else ["body", "messages", index, "role"]
@@ -162,7 +150,7 @@ def out_of_order(roles: list[str], index: int | None) -> RefusedCase:
 
 
 REFUSED = [
-    rejected("parallel_tool_calls", False),
+    cases.rejected("parallel_tool_calls", False),
     RefusedCase(
         "max_tokens and maximum_tokens together",
         {"max_tokens": 5, "maximum_tokens": 6},
@@ -211,18 +199,7 @@ COMPLETIONS = [
                 "index": 0,
                 "message": message("Hé!"),
                 "logprobs": {
-                    "content": [
-                        {
-                            "token": "Hé",
-                            "logprob": -0.25,
-                            "bytes": [72, 195, 169],
-                            "top_logprobs": [
-                                {"token": "Hé", "logprob": -0.25, "bytes": [72, 195, 169]},
-                                {"token": "Ho", "logprob": -1.5, "bytes": [72, 111]},
-                            ],
-                        },
-                        {"token": "!", "logprob": -0.5, "bytes": [33], "top_logprobs": []},
-                    ],
+                    "content": cases.LOGPROBS_CONTENT,
                 },
                 "finish_reason": "length",
             }
@@ -236,7 +213,7 @@ COMPLETIONS = [
                 "index": 0,
                 "message": message("?"),
                 "logprobs": {
-                    "content": [{"token": "?", "logprob": -9999.0, "bytes": [63], "top_logprobs": []}],
+                    "content": cases.MISSING_LOGPROB_CONTENT,
                 },
                 "finish_reason": "stop",
             }
@@ -350,7 +327,7 @@ STREAMS = [
                 choice(
                     {"content": "?"},
                     logprobs={
-                        "content": [{"token": "?", "logprob": -9999.0, "bytes": [63], "top_logprobs": []}],
+                        "content": cases.MISSING_LOGPROB_CONTENT,
                     },
                 )
             ),
@@ -366,60 +343,15 @@ def error_body(error: GatewayError, code: str) -> dict[str, Any]:
     return {"error": error.message, "code": code}
 
 
+# the errors only this dialect answers its own way; those every dialect answers with the same
+# status (its words for them in SHARED_ERRORS) are in test_answers.py
 ERRORS = [
-    ErrorCase("400", cases.INVALID_BODY, 400, error_body(cases.INVALID_BODY, "BAD_REQUEST")),
-    ErrorCase(
-        "400 extra parameter",
-        cases.EXTRA_PARAMETER,
-        400,
-        error_body(cases.EXTRA_PARAMETER, "EXTRA_PARAMETER_NOT_ALLOWED"),
-    ),
-    ErrorCase(
-        "400 content filter: a snake_case code in capitals",
-        cases.PROMPT_FILTERED,
-        400,
-        error_body(cases.PROMPT_FILTERED, "CONTENT_FILTER"),
-    ),
-    ErrorCase("401", cases.NO_KEY, 401, error_body(cases.NO_KEY, "UNAUTHORIZED")),
     ErrorCase(
         "hidden deployment is 403",
         cases.HIDDEN_DEPLOYMENT,
         403,
         {"error": "This key may not use the deployment 'text-only'.", "code": "DEPLOYMENT_NOT_ALLOWED"},
     ),
-    ErrorCase("404", cases.UNKNOWN_MODEL, 404, error_body(cases.UNKNOWN_MODEL, "MODEL_NOT_FOUND")),
-    ErrorCase(
-        "405 with Allow",
-        cases.WRONG_METHOD,
-        405,
-        error_body(cases.WRONG_METHOD, "METHOD_NOT_ALLOWED"),
-        {"Allow": "POST"},
-    ),
-    ErrorCase("413", cases.BODY_TOO_LARGE, 413, error_body(cases.BODY_TOO_LARGE, "PAYLOAD_TOO_LARGE")),
-    ErrorCase("415", cases.NOT_JSON_MEDIA, 415, error_body(cases.NOT_JSON_MEDIA, "UNSUPPORTED_MEDIA_TYPE")),
-    ErrorCase(
-        "422",
-        cases.UNSUPPORTED_PARAMETER,
-        422,
-        error_body(cases.UNSUPPORTED_PARAMETER, "UNSUPPORTED_PARAMETER"),
-    ),
-    ErrorCase(
-        "429 with Retry-After",
-        cases.RATE_LIMITED,
-        429,
-        error_body(cases.RATE_LIMITED, "RATE_LIMIT_EXCEEDED"),
-        cases.RATE_LIMIT_HEADERS,
-    ),
-    ErrorCase("500", cases.INTERNAL, 500, error_body(cases.INTERNAL, "INTERNAL_SERVER_ERROR")),
-    ErrorCase("502", cases.ANSWER_TOO_LARGE, 502, error_body(cases.ANSWER_TOO_LARGE, "RESPONSE_TOO_LARGE")),
-    ErrorCase(
-        "503 with Retry-After",
-        cases.NO_REPLICA,
-        503,
-        error_body(cases.NO_REPLICA, "NO_HEALTHY_REPLICA"),
-        {"Retry-After": "5"},
-    ),
-    ErrorCase("504", cases.UPSTREAM_TIMEOUT, 504, error_body(cases.UPSTREAM_TIMEOUT, "UPSTREAM_TIMEOUT")),
 ]
 
 
@@ -432,6 +364,7 @@ TABLES = cases.DialectTables(
     completions=COMPLETIONS,
     streams=STREAMS,
     errors=ERRORS,
+    error_body=error_body,
     refused=REFUSED,
     answers=ANSWERS,
 )

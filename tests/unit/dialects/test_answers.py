@@ -1,7 +1,9 @@
 """Every dialect's translator against its own rows, one test per kind of row: bodies read as the
 canonical request, completions, what the backend said of the answer, finish words, streams and
 errors, each held to the dialect's document. The rows live in the dialect's module
-(`test_<dialect>.py`, its `TABLES`); the tests that only one dialect has stay there too.
+(`test_<dialect>.py`, its `TABLES`); the tests that only one dialect has stay there too. Where
+every dialect answers alike but in its own words (finish reasons, most gateway errors), the rows
+are here, one table with a column per dialect.
 
 A dialect with no module of its own that reuses another's translator (as the README's sixth
 dialect reuses OVMS's) borrows that dialect's rows, held to its own document; any other fails
@@ -12,12 +14,13 @@ from __future__ import annotations
 import importlib
 import importlib.util
 from collections.abc import Callable, Iterable
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
 
 from gateway.core.canonical import Choice, Completion, Finish, FinishReason
+from gateway.core.errors import GatewayError
 from gateway.dialects.registry import DIALECTS
 from tests.support.documents import response_errors
 from tests.unit.dialects import cases
@@ -204,6 +207,225 @@ def test_stream(dialect: str, case: StreamCase):
 
 
 # ----- error ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SharedError:
+    """A gateway error every dialect answers with the same status and headers, and each dialect's
+    words for it: what its TABLES.error_body writes the body from (OpenAI: type, param and code;
+    Azure: the code it describes and the fields beside it; Aleph Alpha: its code; LMI: DJL's
+    exception; OVMS: nothing, its body is the message)."""
+
+    id: str
+    error: GatewayError
+    status: int
+    words: dict[str, Any]
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+INVALID = "invalid_request_error"
+SHARED_ERRORS = [
+    SharedError(
+        "400 invalid body names its param",
+        cases.INVALID_BODY,
+        400,
+        {
+            "openai": (INVALID, "messages[0].content", "BadRequest"),
+            "azure": ("BadRequest", {"code": "BadRequest", "param": "messages[0].content"}),
+            "aleph_alpha": "BAD_REQUEST",
+            "lmi": "BadRequestException",
+            "ovms": None,
+        },
+    ),
+    SharedError(
+        "400 without a parameter has no param",
+        cases.NOT_JSON,
+        400,
+        {
+            "openai": (INVALID, None, "BadRequest"),
+            "azure": ("BadRequest", {"code": "BadRequest"}),
+            "aleph_alpha": "BAD_REQUEST",
+            "lmi": "BadRequestException",
+            "ovms": None,
+        },
+    ),
+    SharedError(
+        "400 extra parameter",
+        cases.EXTRA_PARAMETER,
+        400,
+        {
+            "openai": (INVALID, "mood", "ExtraParameterNotAllowed"),
+            "azure": ("ExtraParameterNotAllowed", {"code": "ExtraParameterNotAllowed", "param": "mood"}),
+            "aleph_alpha": "EXTRA_PARAMETER_NOT_ALLOWED",
+            "lmi": "BadRequestException",
+            "ovms": None,
+        },
+    ),
+    SharedError(
+        "400 content filter (Aleph Alpha: a snake_case code in capitals)",
+        cases.PROMPT_FILTERED,
+        400,
+        {
+            "openai": (INVALID, "messages", "content_filter"),
+            "azure": ("content_filter", {"code": "content_filter", "param": "messages"}),
+            "aleph_alpha": "CONTENT_FILTER",
+            "lmi": "BadRequestException",
+            "ovms": None,
+        },
+    ),
+    SharedError(
+        "401 (Azure: no code in the body)",
+        cases.NO_KEY,
+        401,
+        {
+            "openai": ("authentication_error", None, "Unauthorized"),
+            "azure": ("Unauthorized", {}),
+            "aleph_alpha": "UNAUTHORIZED",
+            "lmi": "UnauthorizedException",
+            "ovms": None,
+        },
+    ),
+    SharedError(
+        "404 unknown model (Azure: no code in the body)",
+        cases.UNKNOWN_MODEL,
+        404,
+        {
+            "openai": ("not_found_error", "model", "ModelNotFound"),
+            "azure": ("ModelNotFound", {}),
+            "aleph_alpha": "MODEL_NOT_FOUND",
+            "lmi": "ModelNotFoundException",
+            "ovms": None,
+        },
+    ),
+    SharedError(
+        "405 with Allow",
+        cases.WRONG_METHOD,
+        405,
+        {
+            "openai": (INVALID, None, "MethodNotAllowed"),
+            "azure": ("MethodNotAllowed", {"code": "MethodNotAllowed"}),
+            "aleph_alpha": "METHOD_NOT_ALLOWED",
+            "lmi": "BadRequestException",
+            "ovms": None,
+        },
+        {"Allow": "POST"},
+    ),
+    SharedError(
+        "413",
+        cases.BODY_TOO_LARGE,
+        413,
+        {
+            "openai": (INVALID, None, "PayloadTooLarge"),
+            "azure": ("PayloadTooLarge", {"code": "PayloadTooLarge"}),
+            "aleph_alpha": "PAYLOAD_TOO_LARGE",
+            "lmi": "PayloadTooLargeException",
+            "ovms": None,
+        },
+    ),
+    SharedError(
+        "415",
+        cases.NOT_JSON_MEDIA,
+        415,
+        {
+            "openai": (INVALID, None, "UnsupportedMediaType"),
+            "azure": ("UnsupportedMediaType", {"code": "UnsupportedMediaType"}),
+            "aleph_alpha": "UNSUPPORTED_MEDIA_TYPE",
+            "lmi": "BadRequestException",
+            "ovms": None,
+        },
+    ),
+    SharedError(
+        "422 unsupported parameter (Azure: detail with loc, and the value as JSON text)",
+        cases.UNSUPPORTED_PARAMETER,
+        422,
+        {
+            "openai": (INVALID, "top_k", "UnsupportedParameter"),
+            "azure": (
+                "UnsupportedParameter",
+                {"code": "UnsupportedParameter", "detail": {"loc": ["body", "top_k"], "value": "5"}},
+            ),
+            "aleph_alpha": "UNSUPPORTED_PARAMETER",
+            "lmi": "BadRequestException",
+            "ovms": None,
+        },
+    ),
+    SharedError(
+        "429 with Retry-After (Azure: no code in the body)",
+        cases.RATE_LIMITED,
+        429,
+        {
+            "openai": ("rate_limit_error", None, "RateLimitExceeded"),
+            "azure": ("RateLimitExceeded", {}),
+            "aleph_alpha": "RATE_LIMIT_EXCEEDED",
+            "lmi": "ServiceUnavailableException",
+            "ovms": None,
+        },
+        cases.RATE_LIMIT_HEADERS,
+    ),
+    SharedError(
+        "500",
+        cases.INTERNAL,
+        500,
+        {
+            "openai": ("server_error", None, "InternalServerError"),
+            "azure": ("InternalServerError", {"code": "InternalServerError"}),
+            "aleph_alpha": "INTERNAL_SERVER_ERROR",
+            "lmi": "InternalServerException",
+            "ovms": None,
+        },
+    ),
+    SharedError(
+        "502",
+        cases.ANSWER_TOO_LARGE,
+        502,
+        {
+            "openai": ("upstream_error", None, "ResponseTooLarge"),
+            "azure": ("ResponseTooLarge", {"code": "ResponseTooLarge"}),
+            "aleph_alpha": "RESPONSE_TOO_LARGE",
+            "lmi": "BadGatewayException",
+            "ovms": None,
+        },
+    ),
+    SharedError(
+        "503 with Retry-After",
+        cases.NO_REPLICA,
+        503,
+        {
+            "openai": ("server_error", None, "NoHealthyReplica"),
+            "azure": ("NoHealthyReplica", {"code": "NoHealthyReplica"}),
+            "aleph_alpha": "NO_HEALTHY_REPLICA",
+            "lmi": "ServiceUnavailableException",
+            "ovms": None,
+        },
+        {"Retry-After": "5"},
+    ),
+    SharedError(
+        "504",
+        cases.UPSTREAM_TIMEOUT,
+        504,
+        {
+            "openai": ("timeout_error", None, "UpstreamTimeout"),
+            "azure": ("UpstreamTimeout", {"code": "UpstreamTimeout"}),
+            "aleph_alpha": "UPSTREAM_TIMEOUT",
+            "lmi": "TimeoutException",
+            "ovms": None,
+        },
+    ),
+]
+
+
+@pytest.mark.parametrize("shared", SHARED_ERRORS, ids=lambda shared: shared.id)
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_shared_error(dialect: str, shared: SharedError):
+    tables, words = TABLES[dialect], column(shared.words, dialect)
+    rendered = cases.translator(dialect).error(shared.error, "request-1")
+    expected_headers = tables.error_headers(shared.error, words, dict(shared.headers))
+    assert (rendered.status, rendered.body, rendered.headers) == (
+        shared.status,
+        tables.error_body(shared.error, words),
+        expected_headers,
+    )
+    assert document_errors(dialect, shared.status, rendered.body) == []
 
 
 @pytest.mark.parametrize(("dialect", "case"), rows(lambda t: t.errors))

@@ -138,9 +138,7 @@ COMPLETIONS = [
             {
                 "index": 0,
                 "message": message("?"),
-                "logprobs": {
-                    "content": [{"token": "?", "logprob": -9999.0, "bytes": [63], "top_logprobs": []}]
-                },
+                "logprobs": {"content": cases.MISSING_LOGPROB_CONTENT},
                 "finish_reason": "eos_token",
             }
         ],
@@ -258,15 +256,9 @@ def error_body(error: GatewayError, exception: str) -> dict[str, Any]:
     return {"code": error.status, "type": exception, "message": error.message}
 
 
+# the errors only this dialect answers its own way; those every dialect answers with the same
+# status (its words for them in SHARED_ERRORS) are in test_answers.py
 ERRORS = [
-    ErrorCase("400", cases.INVALID_BODY, 400, error_body(cases.INVALID_BODY, "BadRequestException")),
-    ErrorCase(
-        "400 content filter",
-        cases.PROMPT_FILTERED,
-        400,
-        error_body(cases.PROMPT_FILTERED, "BadRequestException"),
-    ),
-    ErrorCase("401", cases.NO_KEY, 401, error_body(cases.NO_KEY, "UnauthorizedException")),
     ErrorCase(
         "hidden deployment is 403",
         cases.HIDDEN_DEPLOYMENT,
@@ -277,39 +269,6 @@ ERRORS = [
             "message": "This key may not use the deployment 'text-only'.",
         },
     ),
-    ErrorCase("404", cases.UNKNOWN_MODEL, 404, error_body(cases.UNKNOWN_MODEL, "ModelNotFoundException")),
-    ErrorCase(
-        "405 with Allow",
-        cases.WRONG_METHOD,
-        405,
-        error_body(cases.WRONG_METHOD, "BadRequestException"),
-        {"Allow": "POST"},
-    ),
-    ErrorCase("413", cases.BODY_TOO_LARGE, 413, error_body(cases.BODY_TOO_LARGE, "PayloadTooLargeException")),
-    ErrorCase("415", cases.NOT_JSON_MEDIA, 415, error_body(cases.NOT_JSON_MEDIA, "BadRequestException")),
-    ErrorCase(
-        "422",
-        cases.UNSUPPORTED_PARAMETER,
-        422,
-        error_body(cases.UNSUPPORTED_PARAMETER, "BadRequestException"),
-    ),
-    ErrorCase(
-        "429 with Retry-After",
-        cases.RATE_LIMITED,
-        429,
-        error_body(cases.RATE_LIMITED, "ServiceUnavailableException"),
-        cases.RATE_LIMIT_HEADERS,
-    ),
-    ErrorCase("500", cases.INTERNAL, 500, error_body(cases.INTERNAL, "InternalServerException")),
-    ErrorCase("502", cases.ANSWER_TOO_LARGE, 502, error_body(cases.ANSWER_TOO_LARGE, "BadGatewayException")),
-    ErrorCase(
-        "503 with Retry-After",
-        cases.NO_REPLICA,
-        503,
-        error_body(cases.NO_REPLICA, "ServiceUnavailableException"),
-        {"Retry-After": "5"},
-    ),
-    ErrorCase("504", cases.UPSTREAM_TIMEOUT, 504, error_body(cases.UPSTREAM_TIMEOUT, "TimeoutException")),
 ]
 
 
@@ -322,5 +281,6 @@ TABLES = cases.DialectTables(
     completions=COMPLETIONS,
     streams=STREAMS,
     errors=ERRORS,
+    error_body=error_body,
     completion_without=("model",),
 )

@@ -191,18 +191,7 @@ COMPLETIONS = [
                 "index": 0,
                 "message": message("Hé!"),
                 "logprobs": {
-                    "content": [
-                        {
-                            "token": "Hé",
-                            "logprob": -0.25,
-                            "bytes": [72, 195, 169],
-                            "top_logprobs": [
-                                {"token": "Hé", "logprob": -0.25, "bytes": [72, 195, 169]},
-                                {"token": "Ho", "logprob": -1.5, "bytes": [72, 111]},
-                            ],
-                        },
-                        {"token": "!", "logprob": -0.5, "bytes": [33], "top_logprobs": []},
-                    ],
+                    "content": cases.LOGPROBS_CONTENT,
                     "refusal": None,
                 },
                 "finish_reason": "length",
@@ -217,7 +206,7 @@ COMPLETIONS = [
                 "index": 0,
                 "message": message("?"),
                 "logprobs": {
-                    "content": [{"token": "?", "logprob": -9999.0, "bytes": [63], "top_logprobs": []}],
+                    "content": cases.MISSING_LOGPROB_CONTENT,
                     "refusal": None,
                 },
                 "finish_reason": "stop",
@@ -256,7 +245,7 @@ COMPLETIONS = [
                 "message": {"role": "assistant", "content": None, "refusal": cases.REFUSAL},
                 "logprobs": {
                     "content": None,
-                    "refusal": [{"token": "!", "logprob": -0.5, "bytes": [33], "top_logprobs": []}],
+                    "refusal": [cases.BANG_CONTENT],
                 },
                 "finish_reason": "stop",
             }
@@ -367,7 +356,7 @@ STREAMS = [
                     {"refusal": "I can't"},
                     logprobs={
                         "content": None,
-                        "refusal": [{"token": "!", "logprob": -0.5, "bytes": [33], "top_logprobs": []}],
+                        "refusal": [cases.BANG_CONTENT],
                     },
                 )
             ),
@@ -408,7 +397,7 @@ STREAMS = [
                 choice(
                     {"content": "!"},
                     logprobs={
-                        "content": [{"token": "!", "logprob": -0.5, "bytes": [33], "top_logprobs": []}],
+                        "content": [cases.BANG_CONTENT],
                         "refusal": None,
                     },
                 )
@@ -425,34 +414,9 @@ def error_body(error: GatewayError, kind: str, param: str | None, code: str) -> 
     return {"error": {"message": error.message, "type": kind, "param": param, "code": code}}
 
 
+# the errors only this dialect answers its own way; those every dialect answers with the same
+# status (its words for them in SHARED_ERRORS) are in test_answers.py
 ERRORS = [
-    ErrorCase(
-        "400 invalid body",
-        cases.INVALID_BODY,
-        400,
-        error_body(cases.INVALID_BODY, "invalid_request_error", "messages[0].content", "BadRequest"),
-    ),
-    ErrorCase(
-        "400 without a parameter",
-        cases.NOT_JSON,
-        400,
-        error_body(cases.NOT_JSON, "invalid_request_error", None, "BadRequest"),
-    ),
-    ErrorCase(
-        "400 extra parameter",
-        cases.EXTRA_PARAMETER,
-        400,
-        error_body(cases.EXTRA_PARAMETER, "invalid_request_error", "mood", "ExtraParameterNotAllowed"),
-    ),
-    ErrorCase(
-        "400 content filter",
-        cases.PROMPT_FILTERED,
-        400,
-        error_body(cases.PROMPT_FILTERED, "invalid_request_error", "messages", "content_filter"),
-    ),
-    ErrorCase(
-        "401", cases.NO_KEY, 401, error_body(cases.NO_KEY, "authentication_error", None, "Unauthorized")
-    ),
     ErrorCase(
         "hidden deployment is 404, as an unknown model",
         cases.HIDDEN_DEPLOYMENT,
@@ -465,66 +429,6 @@ ERRORS = [
                 "code": "model_not_found",
             }
         },
-    ),
-    ErrorCase(
-        "404 unknown model",
-        cases.UNKNOWN_MODEL,
-        404,
-        error_body(cases.UNKNOWN_MODEL, "not_found_error", "model", "ModelNotFound"),
-    ),
-    ErrorCase(
-        "405 with Allow",
-        cases.WRONG_METHOD,
-        405,
-        error_body(cases.WRONG_METHOD, "invalid_request_error", None, "MethodNotAllowed"),
-        {"Allow": "POST"},
-    ),
-    ErrorCase(
-        "413",
-        cases.BODY_TOO_LARGE,
-        413,
-        error_body(cases.BODY_TOO_LARGE, "invalid_request_error", None, "PayloadTooLarge"),
-    ),
-    ErrorCase(
-        "415",
-        cases.NOT_JSON_MEDIA,
-        415,
-        error_body(cases.NOT_JSON_MEDIA, "invalid_request_error", None, "UnsupportedMediaType"),
-    ),
-    ErrorCase(
-        "422 unsupported parameter",
-        cases.UNSUPPORTED_PARAMETER,
-        422,
-        error_body(cases.UNSUPPORTED_PARAMETER, "invalid_request_error", "top_k", "UnsupportedParameter"),
-    ),
-    ErrorCase(
-        "429 with Retry-After",
-        cases.RATE_LIMITED,
-        429,
-        error_body(cases.RATE_LIMITED, "rate_limit_error", None, "RateLimitExceeded"),
-        cases.RATE_LIMIT_HEADERS,
-    ),
-    ErrorCase(
-        "500", cases.INTERNAL, 500, error_body(cases.INTERNAL, "server_error", None, "InternalServerError")
-    ),
-    ErrorCase(
-        "502",
-        cases.ANSWER_TOO_LARGE,
-        502,
-        error_body(cases.ANSWER_TOO_LARGE, "upstream_error", None, "ResponseTooLarge"),
-    ),
-    ErrorCase(
-        "503 with Retry-After",
-        cases.NO_REPLICA,
-        503,
-        error_body(cases.NO_REPLICA, "server_error", None, "NoHealthyReplica"),
-        {"Retry-After": "5"},
-    ),
-    ErrorCase(
-        "504",
-        cases.UPSTREAM_TIMEOUT,
-        504,
-        error_body(cases.UPSTREAM_TIMEOUT, "timeout_error", None, "UpstreamTimeout"),
     ),
 ]
 
@@ -544,5 +448,6 @@ TABLES = cases.DialectTables(
     completions=COMPLETIONS,
     streams=STREAMS,
     errors=ERRORS,
+    error_body=lambda error, words: error_body(error, *words),
     answers=ANSWERS,
 )

@@ -123,38 +123,26 @@ READS = [
 ]
 
 
-def rejected(name: str, value: Any) -> RefusedCase:
-    return RefusedCase(
-        f"rejected: {name}",
-        {name: value},
-        BadRequest,
-        "UnsupportedParameter",
-        name,
-        ["body", name],
-        value,
-    )
-
-
 REFUSED = [
     # OpenAI's parameters the seed calls unsupported
-    rejected("logit_bias", {"50256": -100}),
-    rejected("top_logprobs", 2),
-    rejected("response_format", {"type": "json_object"}),
-    rejected("user", "u-1"),
-    rejected("functions", [{"name": "get_weather"}]),
-    rejected("function_call", "auto"),
+    cases.rejected("logit_bias", {"50256": -100}),
+    cases.rejected("top_logprobs", 2),
+    cases.rejected("response_format", {"type": "json_object"}),
+    cases.rejected("user", "u-1"),
+    cases.rejected("functions", [{"name": "get_weather"}]),
+    cases.rejected("function_call", "auto"),
     # vLLM's
-    rejected("min_p", 0.1),
-    rejected("use_beam_search", True),
-    rejected("early_stopping", True),
-    rejected("stop_token_ids", [2]),
-    rejected("min_tokens", 3),
-    rejected("prompt_logprobs", 1),
-    rejected("detokenize", False),
-    rejected("skip_special_tokens", False),
-    rejected("spaces_between_special_tokens", False),
-    rejected("logits_processors", ["x"]),
-    rejected("truncate_prompt_tokens", 10),
+    cases.rejected("min_p", 0.1),
+    cases.rejected("use_beam_search", True),
+    cases.rejected("early_stopping", True),
+    cases.rejected("stop_token_ids", [2]),
+    cases.rejected("min_tokens", 3),
+    cases.rejected("prompt_logprobs", 1),
+    cases.rejected("detokenize", False),
+    cases.rejected("skip_special_tokens", False),
+    cases.rejected("spaces_between_special_tokens", False),
+    cases.rejected("logits_processors", ["x"]),
+    cases.rejected("truncate_prompt_tokens", 10),
     # OVMS's rules (ovms.yaml `x-chatgate-rules`)
     RefusedCase(
         "include_stop_str_in_output false with stream",
@@ -252,16 +240,7 @@ COMPLETIONS = [
                 "message": message("Hé!?"),
                 "logprobs": {
                     "content": [
-                        {
-                            "token": "Hé",
-                            "logprob": -0.25,
-                            "bytes": [72, 195, 169],
-                            "top_logprobs": [
-                                {"token": "Hé", "logprob": -0.25, "bytes": [72, 195, 169]},
-                                {"token": "Ho", "logprob": -1.5, "bytes": [72, 111]},
-                            ],
-                        },
-                        {"token": "!", "logprob": -0.5, "bytes": [33], "top_logprobs": []},
+                        *cases.LOGPROBS_CONTENT,
                         {"token": "?", "logprob": None, "bytes": [63], "top_logprobs": []},
                     ],
                 },
@@ -339,40 +318,15 @@ STREAMS = [
 
 # ----- error ------------------------------------------------------------------------------------
 
+# the errors only this dialect answers its own way; those every dialect answers with the same
+# status (its words for them in SHARED_ERRORS) are in test_answers.py
 ERRORS = [
-    ErrorCase("400", cases.INVALID_BODY, 400, {"error": cases.INVALID_BODY.message}),
-    ErrorCase("400 content filter", cases.PROMPT_FILTERED, 400, {"error": cases.PROMPT_FILTERED.message}),
-    ErrorCase("401", cases.NO_KEY, 401, {"error": cases.NO_KEY.message}),
     ErrorCase(
         "hidden deployment is 403",
         cases.HIDDEN_DEPLOYMENT,
         403,
         {"error": "This key may not use the deployment 'text-only'."},
     ),
-    ErrorCase("404", cases.UNKNOWN_MODEL, 404, {"error": cases.UNKNOWN_MODEL.message}),
-    ErrorCase(
-        "405 with Allow", cases.WRONG_METHOD, 405, {"error": cases.WRONG_METHOD.message}, {"Allow": "POST"}
-    ),
-    ErrorCase("413", cases.BODY_TOO_LARGE, 413, {"error": cases.BODY_TOO_LARGE.message}),
-    ErrorCase("415", cases.NOT_JSON_MEDIA, 415, {"error": cases.NOT_JSON_MEDIA.message}),
-    ErrorCase("422", cases.UNSUPPORTED_PARAMETER, 422, {"error": cases.UNSUPPORTED_PARAMETER.message}),
-    ErrorCase(
-        "429 with Retry-After",
-        cases.RATE_LIMITED,
-        429,
-        {"error": cases.RATE_LIMITED.message},
-        cases.RATE_LIMIT_HEADERS,
-    ),
-    ErrorCase("500", cases.INTERNAL, 500, {"error": cases.INTERNAL.message}),
-    ErrorCase("502", cases.ANSWER_TOO_LARGE, 502, {"error": cases.ANSWER_TOO_LARGE.message}),
-    ErrorCase(
-        "503 with Retry-After",
-        cases.NO_REPLICA,
-        503,
-        {"error": cases.NO_REPLICA.message},
-        {"Retry-After": "5"},
-    ),
-    ErrorCase("504", cases.UPSTREAM_TIMEOUT, 504, {"error": cases.UPSTREAM_TIMEOUT.message}),
 ]
 
 
@@ -385,6 +339,7 @@ TABLES = cases.DialectTables(
     completions=COMPLETIONS,
     streams=STREAMS,
     errors=ERRORS,
+    error_body=lambda error, words: {"error": error.message},
     refused=REFUSED,
     completion_without=("id",),
 )
