@@ -39,7 +39,7 @@ class ChatReader:
 
     def body(
         self,
-        content: str = "Hello!",
+        content: Any = "Hello!",  # text, or content parts
         model: str | None = "echo",
         *,
         stream: bool = False,
