@@ -566,24 +566,11 @@ def test_stream_and_whole_answer_agree(gateway: str) -> None:
 # ----- errors in each dialect's own shape -------------------------------------------------------
 
 
-# each dialect's documented error shape, beyond the message its reader finds
-ERROR_SHAPES: dict[str, Callable[[Any, httpx.Response], bool]] = {
-    "openai": lambda body, _: {"message", "type", "param", "code"} <= set(body["error"]),
-    "azure": lambda body, response: (
-        body["status"] == response.status_code and bool(response.headers["x-ms-error-code"])
-    ),
-    "aleph_alpha": lambda body, _: isinstance(body["error"], str) and body["code"].isupper(),
-    "lmi": lambda body, response: body["code"] == response.status_code and body["type"].endswith("Exception"),
-    "ovms": lambda body, _: set(body) == {"error"} and isinstance(body["error"], str),
-}
-
-
 def dialect_error(dialect: str, response: httpx.Response) -> str:
     """Check the error body has the dialect's documented shape; return its message."""
-    body = response.json()
-    assert dialect in ERROR_SHAPES, f"{dialect}: add its error shape to ERROR_SHAPES"
-    assert ERROR_SHAPES[dialect](body, response), body
-    return reader(dialect).error_message(body)
+    body, dialect_reader = response.json(), reader(dialect)
+    assert dialect_reader.error_shaped(body, response.status_code, response.headers), body
+    return dialect_reader.error_message(body)
 
 
 def post(base: str, dialect: str, body: dict[str, Any]) -> httpx.Response:

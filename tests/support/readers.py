@@ -3,13 +3,14 @@ dialect builds a chat request in the dialect's shape and reads what comes back (
 finish word, usage and tool calls, a stream's text, an error's message and code), so a table
 never indexes `choices` itself.
 
-A dialect with no reader fails `reader()` naming itself; a table that tests something only
-OpenAI-shaped chat has (`n`, logprobs, `choices` chunks) selects its dialects with
-`chat_shaped()`, so a new dialect is either covered or explicitly out, never a KeyError."""
+A dialect with no reader of its own that reuses another's translator reads as that one; any other
+fails `reader()` naming itself. A table that tests something only OpenAI-shaped chat has (`n`,
+logprobs, `choices` chunks) selects its dialects with `chat_shaped()`, so a new dialect is either
+covered or explicitly out, never a KeyError."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -24,7 +25,6 @@ class ChatReader:
 
     dialect: str
     natural_end: str = "stop"  # its finish word for the end of the sequence
-    length_end: str = "length"  # for max_tokens
     json_lines: bool = False  # its stream is JSON lines (no `data:`, no `[DONE]`)
     asks_stream_usage: bool = True  # a stream carries usage when asked with stream_options
     always_stream_usage: bool = False  # a stream carries usage whether asked or not
@@ -32,7 +32,7 @@ class ChatReader:
 
     @property
     def stream_usage(self) -> bool:
-        """Whether a stream asked for with `stream_body` carries the usage."""
+        """Whether a stream asked for with `body(stream=True)` carries the usage."""
         return self.asks_stream_usage or self.always_stream_usage
 
     # ----- requests -------------------------------------------------------------------------
@@ -117,13 +117,22 @@ class ChatReader:
     def error_code(self, body: dict[str, Any]) -> str | int | None:
         return body["error"]["code"]
 
+    def error_shaped(self, body: Any, status: int, headers: Mapping[str, str]) -> bool:
+        """Whether `body` (with `headers`) is the dialect's own error answer for `status`."""
+        return set(body["error"]) == {"message", "type", "param", "code"}
+
 
 @dataclass(frozen=True)
 class AzureReader(ChatReader):
-    """Azure.Core's error: `{"error": {code, message}, "message", "status"}`."""
+    """Azure.Core's error: `{"error": {code, message}, "message", "status"}`, its code also in
+    `x-ms-error-code`."""
 
     def error_message(self, body: dict[str, Any]) -> str:
         return body["message"]
+
+    def error_shaped(self, body: Any, status: int, headers: Mapping[str, str]) -> bool:
+        coded = bool(headers.get("x-ms-error-code"))
+        return coded and body["status"] == status and {"error", "message"} <= set(body)
 
 
 @dataclass(frozen=True)
@@ -132,6 +141,9 @@ class AlephAlphaReader(ChatReader):
 
     def error_code(self, body: dict[str, Any]) -> str | int | None:
         return body["code"]
+
+    def error_shaped(self, body: Any, status: int, headers: Mapping[str, str]) -> bool:
+        return set(body) == {"error", "code"} and isinstance(body["error"], str) and body["code"].isupper()
 
 
 @dataclass(frozen=True)
@@ -144,6 +156,9 @@ class LMIReader(ChatReader):
     def error_code(self, body: dict[str, Any]) -> str | int | None:
         return body["type"]
 
+    def error_shaped(self, body: Any, status: int, headers: Mapping[str, str]) -> bool:
+        return body["code"] == status and body["type"].endswith("Exception")
+
 
 @dataclass(frozen=True)
 class OVMSReader(ChatReader):
@@ -151,6 +166,9 @@ class OVMSReader(ChatReader):
 
     def error_code(self, body: dict[str, Any]) -> str | int | None:
         return None
+
+    def error_shaped(self, body: Any, status: int, headers: Mapping[str, str]) -> bool:
+        return set(body) == {"error"} and isinstance(body["error"], str)
 
 
 READERS: dict[str, ChatReader] = {
@@ -178,8 +196,10 @@ def reader(dialect: str) -> ChatReader:
 
 
 def registered() -> list[str]:
-    """Every registered dialect, each of which must have a reader."""
-    return [name for name in DIALECTS if reader(name)]
+    """Every registered dialect, each of which must have a reader (checked here)."""
+    for name in DIALECTS:
+        reader(name)
+    return list(DIALECTS)
 
 
 def chat_shaped() -> list[str]:
