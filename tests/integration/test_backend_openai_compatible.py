@@ -37,6 +37,7 @@ from backends.openai_compatible import OpenAICompatibleBackend, StreamState, fin
 from gateway.core.canonical import Finish
 from gateway.core.errors import BadGateway
 from tests.support.loopback_server import LoopbackServer
+from tests.support.readers import reader, registered
 from tests.support.servers import CHAT_PATHS, free_port, running_gateway
 
 CLIENT_TIMEOUT = 20.0  # every request is bounded: a hang fails the test instead of stalling it
@@ -44,7 +45,7 @@ PROMPT = "what is the weather in Lisbon"
 MESSAGES = [{"role": "user", "content": PROMPT}]
 SECRET = "sk-test-secret-4711"
 PATHS = CHAT_PATHS
-DIALECTS = list(PATHS)
+DIALECTS = registered()  # every one: each has a reader
 TOOL = {
     "type": "function",
     "function": {
@@ -567,22 +568,9 @@ def test_stream_and_whole_answer_agree(gateway: str) -> None:
 
 def dialect_error(dialect: str, response: httpx.Response) -> str:
     """Check the error body has the dialect's documented shape; return its message."""
-    body = response.json()
-    if dialect == "openai":
-        assert {"message", "type", "param", "code"} <= set(body["error"])
-        return body["error"]["message"]
-    if dialect == "azure":
-        assert body["status"] == response.status_code
-        assert response.headers["x-ms-error-code"]
-        return body["message"]
-    if dialect == "aleph_alpha":
-        assert isinstance(body["error"], str) and body["code"].isupper()
-        return body["error"]
-    if dialect == "lmi":
-        assert body["code"] == response.status_code and body["type"].endswith("Exception")
-        return body["message"]
-    assert set(body) == {"error"} and isinstance(body["error"], str)  # ovms
-    return body["error"]
+    body, dialect_reader = response.json(), reader(dialect)
+    assert dialect_reader.error_shaped(body, response.status_code, response.headers), body
+    return dialect_reader.error_message(body)
 
 
 def post(base: str, dialect: str, body: dict[str, Any]) -> httpx.Response:
@@ -593,7 +581,7 @@ def post(base: str, dialect: str, body: dict[str, Any]) -> httpx.Response:
 @pytest.mark.parametrize("dialect", DIALECTS)
 def test_upstream_refusal_reaches_the_client_in_its_dialect(gateway: str, dialect: str, stream: bool) -> None:
     """The upstream (extra-parameters: error) answers 400 to a parameter it does not know."""
-    body = {"model": "relay-open", "messages": MESSAGES, "frobnicate": 3, "stream": stream}
+    body = {**reader(dialect).body(PROMPT, "relay-open", frobnicate=3), "stream": stream}
     response = post(gateway, dialect, body)
     assert response.status_code == 400
     message = dialect_error(dialect, response)
@@ -765,7 +753,7 @@ def test_an_lmi_upstream_is_relayed_as_it_answers(gateway: str, upstream: str, s
 )
 def test_stalled_upstream_times_out(gateway: str, stub: StubUpstream, dialect: str, stream: bool) -> None:
     marker = uuid.uuid4().hex
-    body = {"model": "stub-stall", "messages": [{"role": "user", "content": marker}], "stream": stream}
+    body = {**reader(dialect).body(marker, "stub-stall"), "stream": stream}
     response = post(gateway, dialect, body)
     assert response.status_code == 504
     assert "did not answer in time" in dialect_error(dialect, response)

@@ -36,6 +36,7 @@ from backends.tgi.events import ChoiceEvents, StopTrimmer, split_tool_call
 from backends.tgi.options import TGIOptions
 from backends.tgi.tables import parameter_table
 from gateway.config.settings import ConfigError
+from tests.support.readers import reader, registered
 from tests.support.servers import CHAT_PATHS, free_port, running_gateway
 from tests.support.tgi_server import TGIStandIn, chat_template, running_tgi, token_logprob, tokenize
 
@@ -538,29 +539,13 @@ def test_ovms_logprobs(tgi, ovms_client):
 # ----- errors -----------------------------------------------------------------------------------
 
 
-def error_shape(dialect: str, body: Any, status: int) -> bool:
-    """Whether `body` is the dialect's own error body for `status`."""
-    match dialect:
-        case "openai":
-            return set(body["error"]) == {"message", "type", "param", "code"}
-        case "azure":
-            return body["status"] == status and {"error", "message"} <= set(body)
-        case "aleph_alpha":
-            return set(body) == {"error", "code"} and body["code"].isupper()
-        case "lmi":
-            return body["code"] == status and body["type"].endswith("Exception")
-        case "ovms":
-            return set(body) == {"error"}
-    raise AssertionError(dialect)
-
-
-@pytest.mark.parametrize("dialect", list(PATHS))
+@pytest.mark.parametrize("dialect", registered())
 @pytest.mark.parametrize(("tgi_status", "status"), [(422, 422), (424, 502), (429, 429)])
 def test_tgi_errors_reach_each_dialect_in_its_shape(tgi, gateway, dialect, tgi_status, status):
-    body = {"model": "tiny", "messages": [{"role": "user", "content": f"please tgi:fail={tgi_status}"}]}
+    body = reader(dialect).body(f"please tgi:fail={tgi_status}", "tiny")
     response = httpx.post(gateway + PATHS[dialect], json=body, timeout=CLIENT_TIMEOUT)
     assert response.status_code == status
-    assert error_shape(dialect, response.json(), status), response.json()
+    assert reader(dialect).error_shaped(response.json(), status, response.headers), response.json()
     if status == 429:
         assert int(response.headers["retry-after"]) >= 1
     if status == 422 and dialect == "openai":

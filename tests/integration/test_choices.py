@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 import yaml
 
@@ -32,12 +33,13 @@ from gateway.core.canonical import (
     gather,
 )
 from tests.support.choices_upstream import COMPLETION_TOKENS, PROMPT_TOKENS, ChoicesUpstream, choice_text
+from tests.support.readers import chat_shaped, reader
 from tests.support.servers import CHAT_PATHS, running_gateway
 
-DIALECTS = list(CHAT_PATHS)
+DIALECTS = chat_shaped()  # `n` choices: only where answers have OpenAI's `choices`
 TIMEOUT = 30.0
 # each dialect's word for a natural end
-NATURAL_END = {dialect: "eos_token" if dialect == "lmi" else "stop" for dialect in DIALECTS}
+NATURAL_END = {dialect: reader(dialect).natural_end for dialect in DIALECTS}
 # OVMS: n above 1 needs best_of, and does not stream (ovms.yaml, rule n-at-most-best_of)
 CASES = [
     pytest.param(dialect, stream, id=f"{dialect}-{'stream' if stream else 'json'}")
@@ -46,7 +48,7 @@ CASES = [
     if not (dialect == "ovms" and stream)
 ]
 # dialects whose stream carries the usage (asked for with stream_options, or always: Azure)
-STREAM_USAGE = {"openai", "ovms", "aleph_alpha", "azure"}
+STREAM_USAGE = {dialect for dialect in DIALECTS if reader(dialect).stream_usage}
 
 
 @pytest.fixture(scope="module")
@@ -109,18 +111,6 @@ class Answer:
     errors: list[str] = field(default_factory=list)  # an error body's message, or a stream's
 
 
-def error_message(body: dict[str, Any]) -> str | None:
-    """The message of an error body in any dialect's shape (None: not an error)."""
-    error = body.get("error")
-    if isinstance(error, dict):  # OpenAI
-        return error["message"]
-    if isinstance(body.get("message"), str):  # Azure, LMI
-        return body["message"]
-    if isinstance(error, str):  # Aleph Alpha, OVMS
-        return error
-    return None
-
-
 def usage_of(body: dict[str, Any]) -> tuple[int, int, int] | None:
     usage = body.get("usage")
     return (usage["prompt_tokens"], usage["completion_tokens"], usage["total_tokens"]) if usage else None
@@ -128,7 +118,8 @@ def usage_of(body: dict[str, Any]) -> tuple[int, int, int] | None:
 
 def ask(gateway: str, dialect: str, model: str, stream: bool, n: int = 2, **params: Any) -> Answer:
     """`n` choices of `model`, in the dialect (Azure's `n` is an extra parameter, passed through)."""
-    body: dict[str, Any] = {"model": model, "messages": [{"role": "user", "content": "hi"}], **params}
+    reading = reader(dialect)
+    body = reading.body("hi", model, stream=stream, **params)
     headers = {}
     if n != 1:
         body["n"] = n
@@ -136,17 +127,13 @@ def ask(gateway: str, dialect: str, model: str, stream: bool, n: int = 2, **para
             headers["extra-parameters"] = "pass-through"
         if dialect == "ovms":
             body["best_of"] = n
-    if stream:
-        body["stream"] = True
-        if dialect in ("openai", "ovms", "aleph_alpha"):
-            body["stream_options"] = {"include_usage": True}
     url = gateway + CHAT_PATHS[dialect]
     if not stream:
         response = httpx.post(url, json=body, headers=headers, timeout=TIMEOUT)
         answer = Answer(response.status_code)
         said = response.json()
-        if (message := error_message(said)) is not None:
-            answer.errors.append(message)
+        if reading.is_error(said):
+            answer.errors.append(reading.error_message(said))
             return answer
         answer.usage = usage_of(said)
         for choice in said["choices"]:
@@ -156,14 +143,14 @@ def ask(gateway: str, dialect: str, model: str, stream: bool, n: int = 2, **para
         return answer
     with httpx.stream("POST", url, json=body, headers=headers, timeout=TIMEOUT) as response:
         answer = Answer(response.status_code)
+        if response.status_code != 200:  # refused before the stream began: a whole error body
+            answer.errors.append(reading.error_message(orjson.loads(response.read())))
+            return answer
         # SSE's data lines (an error comes as `event: error` and its data line), or LMI's JSON lines
-        lines = [line for line in response.iter_lines() if line and not line.startswith((":", "event:"))]
-    for line in lines:
-        if line == "data: [DONE]":
-            continue
-        said = json.loads(line.removeprefix("data: "))  # SSE, or LMI's JSON lines
-        if (message := error_message(said)) is not None:
-            answer.errors.append(message)
+        events = reading.events(response.iter_lines())
+    for said in events:
+        if reading.is_error(said):
+            answer.errors.append(reading.error_message(said))
             continue
         answer.usage = usage_of(said) or answer.usage
         for choice in said.get("choices") or ():

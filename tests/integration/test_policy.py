@@ -17,6 +17,7 @@ from gateway.http.documents import DialectSpec, load_document
 from gateway.policy.auth import new_key
 from tests.support.dialect_routes import ChatRoute, main_routes
 from tests.support.documents import response_errors
+from tests.support.readers import ChatReader, reader
 from tests.support.servers import running_gateway
 
 KEY, KEY_SHA = new_key()
@@ -38,8 +39,12 @@ class Dialect:
         default_factory=lambda: {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
     )
 
-    def body(self, model: str, content: str = PROMPT, **extra: Any) -> dict[str, Any]:
-        return {"model": model, "messages": [{"role": "user", "content": content}], **extra}
+    @property
+    def reader(self) -> ChatReader:
+        return reader(self.name)
+
+    def body(self, model: str, content: Any = PROMPT, **extra: Any) -> dict[str, Any]:
+        return self.reader.body(content, model, **extra)
 
 
 # what the text-only deployment refuses; each dialect is tried with the first it defines (and
@@ -128,7 +133,7 @@ def assert_error(response: httpx.Response, dialect: Dialect, status: int) -> dic
 
 
 def message_text(dialect: Dialect, body: dict) -> str:
-    return body["choices"][0]["message"]["content"]
+    return dialect.reader.text(body)
 
 
 def test_no_credentials_is_401(url, dialect):
@@ -255,7 +260,7 @@ def test_content_filter_on_the_completion(url, dialect):
     response = post(url, dialect, dialect.body("echo", content=FILTERED_OUTPUT_PROMPT))
     assert response.status_code == 200
     body = response.json()
-    assert body["choices"][0]["finish_reason"] == dialect.filtered_finish
+    assert dialect.reader.finish(body) == dialect.filtered_finish
     assert "secret-42" not in message_text(dialect, body)
     assert response_errors(dialect.spec_file, dialect.doc_path, "post", 200, body) == []
 
@@ -266,10 +271,10 @@ def test_content_filter_ends_a_stream_cleanly(url, dialect):
         json=dialect.body("echo", content=FILTERED_OUTPUT_PROMPT, stream=True),
         headers={"authorization": f"Bearer {KEY}"}, timeout=30,
     ) as response:  # fmt: skip
-        text = "".join(response.iter_text())
+        lines = list(response.iter_lines())
     assert response.status_code == 200
-    assert "secret-42" not in text
-    assert f'"finish_reason":"{dialect.filtered_finish}"' in text
+    assert "secret-42" not in "\n".join(lines)
+    assert dialect.reader.streamed_finish(dialect.reader.events(lines)) == dialect.filtered_finish
 
 
 def test_body_over_the_limit_is_413(url, dialect):

@@ -14,6 +14,8 @@ import json
 import httpx
 import pytest
 
+from tests.support.readers import reader
+
 AZURE = "/azure/chat/completions?api-version=2024-05-01-preview"
 CHAT_PATHS = {
     "openai": "/v1/chat/completions",
@@ -46,9 +48,9 @@ def test_function_without_parameters_is_called_with_an_empty_object(gateway_url:
         body["tool_choice"] = {"type": "function", "function": {"name": "get_time"}}
     response = post(gateway_url, CHAT_PATHS[dialect], body)
     assert response.status_code == 200, response.text
-    call = response.json()["choices"][0]["message"]["tool_calls"][0]
-    assert call["function"]["name"] == "get_time"
-    assert json.loads(call["function"]["arguments"]) == {}
+    (name, arguments), *_ = reader(dialect).tool_calls(response.json())
+    assert name == "get_time"
+    assert json.loads(arguments) == {}
 
 
 def test_legacy_function_without_parameters_is_called_with_an_empty_object(gateway_url: str):

@@ -10,6 +10,7 @@ from typing import Any
 from gateway.config.settings import Settings
 from gateway.dialects.registry import DIALECTS
 from gateway.http.documents import load_document, resolve
+from tests.support.readers import reader
 
 
 @dataclass(frozen=True)
@@ -26,11 +27,9 @@ class ChatRoute:
     requires_model: bool  # whether the body must name a model
 
     def body(self, content: str = "Hello!", model: str = "echo", **extra: Any) -> dict[str, Any]:
-        """The smallest valid chat body, plus `extra`."""
-        body: dict[str, Any] = {"messages": [{"role": "user", "content": content}], **extra}
-        if self.requires_model:
-            body.setdefault("model", model)
-        return body
+        """The smallest valid chat body in the dialect's shape (tests/support/readers.py), plus
+        `extra`; the model only where the body must name one."""
+        return reader(self.dialect).body(content, model if self.requires_model else None, **extra)
 
 
 def schema_name(node: dict[str, Any]) -> str:

@@ -30,6 +30,7 @@ from backends.echo import PREFIX
 from gateway.config.settings import Settings
 from gateway.policy.auth import new_key
 from tests.support.dialect_routes import ChatRoute, main_routes
+from tests.support.readers import reader
 from tests.support.servers import ROOT, running_gateway
 
 GENERATOR = "openapi-python-client==0.29.1"
@@ -44,7 +45,7 @@ class Dialect:
     request_model: str  # the chat request schema's name
     response_model: str  # the 200 JSON schema's name
     arguments: dict[str, Any] = field(default_factory=dict)  # other parameters of the operation
-    body: dict[str, Any] = field(default_factory=dict)
+    body: dict[str, Any] = field(default_factory=dict)  # the chat request, in the dialect's shape
 
     @property
     def package(self) -> str:
@@ -53,6 +54,9 @@ class Dialect:
 
 def snake_case(name: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name).replace("-", "_").lower()
+
+
+PROMPT = "Hello from a generated client"
 
 
 def generated_client_of(route: ChatRoute) -> Dialect:
@@ -64,7 +68,7 @@ def generated_client_of(route: ChatRoute) -> Dialect:
         request_model=route.request_schema,
         response_model=route.response_schema,
         arguments={snake_case(name): value for name, value in route.query},
-        body={"model": "echo"} if route.requires_model else {},
+        body=route.body(PROMPT),
     )
 
 
@@ -124,7 +128,7 @@ def test_generated_client_completes_a_chat(dialect: Dialect, generator, gateway:
     assert generated.returncode == 0, output
     assert "Warning" not in output and "Unable" not in output, output  # nothing was left out
 
-    body = {"messages": [{"role": "user", "content": "Hello from a generated client"}], **dialect.body}
+    body = dialect.body
     chat = subprocess.run(
         [sys.executable, "-c", CHAT, dialect.package, dialect.api_module, dialect.request_model,
          gateway + dialect.mount, KEY, json.dumps(dialect.arguments), json.dumps(body)],
@@ -134,5 +138,4 @@ def test_generated_client_completes_a_chat(dialect: Dialect, generator, gateway:
     result = json.loads(chat.stdout)
     assert result["status"] == 200
     assert result["model"] == dialect.response_model
-    choice = result["answer"]["choices"][0]
-    assert choice["message"]["content"] == f"{PREFIX} Hello from a generated client"
+    assert reader(dialect.name).text(result["answer"]) == f"{PREFIX} {PROMPT}"

@@ -4,6 +4,7 @@ stream chunk against the dialect's own document."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -79,7 +80,7 @@ class ReadCase:
     expected: dict[str, Any] = field(default_factory=dict)
 
 
-def parameters_in(*tables: list[Any]) -> set[str]:
+def parameters_in(*tables: Sequence[Any]) -> set[str]:
     """Every body parameter a dialect's tables send (rows plain or wrapped in pytest.param)."""
     rows = [getattr(row, "values", (row,))[0] for table in tables for row in table]
     return {"messages", *(name for row in rows for name in row.body)}
@@ -96,6 +97,13 @@ class RefusedCase:
     param: str | None
     loc: list[str | int] | None
     value: Any = None
+
+
+def rejected(name: str, value: Any) -> RefusedCase:
+    """A parameter the dialect's document marks unsupported and refuses (400), sent as `value`."""
+    return RefusedCase(
+        f"rejected: {name}", {name: value}, BadRequest, "UnsupportedParameter", name, ["body", name], value
+    )
 
 
 # ----- answers ---------------------------------------------------------------------------------
@@ -130,6 +138,22 @@ MISSING_LOGPROB = [TokenLogprob("?", None)]  # the backend could not say
 # an upstream said null: a special token with no byte form; and bytes it gave, kept as given
 NO_BYTES = [TokenLogprob("<|end|>", -0.1, [TopLogprob("<|end|>", -0.1, None)], bytes=None)]
 GIVEN_BYTES = [TokenLogprob("é", -0.2, bytes=[195, 169])]
+# LOGPROBS and MISSING_LOGPROB as OpenAI-shaped `logprobs.content` entries (bytes as UTF-8, a
+# missing logprob as -9999.0); a dialect that writes them otherwise (LMI's code points) has its own
+BANG_CONTENT = {"token": "!", "logprob": -0.5, "bytes": [33], "top_logprobs": []}
+LOGPROBS_CONTENT = [
+    {
+        "token": "Hé",
+        "logprob": -0.25,
+        "bytes": [72, 195, 169],
+        "top_logprobs": [
+            {"token": "Hé", "logprob": -0.25, "bytes": [72, 195, 169]},
+            {"token": "Ho", "logprob": -1.5, "bytes": [72, 111]},
+        ],
+    },
+    BANG_CONTENT,
+]
+MISSING_LOGPROB_CONTENT = [{"token": "?", "logprob": -9999.0, "bytes": [63], "top_logprobs": []}]
 REFUSAL = "I can't help with that."
 SERVED = ServedBy(system_fingerprint="fp_44709d6fcb", service_tier="default")
 DETAILED_USAGE = Usage(
@@ -146,6 +170,20 @@ WEATHER_CALL_BODY = {
     "type": "function",
     "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'},
 }
+
+
+def completion_body(choices: list[dict[str, Any]], *, without: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The completion body of the shared answer with these `choices` (less the fields a dialect's
+    document has no place for)."""
+    body = {
+        "id": ANSWER_ID,
+        "object": "chat.completion",
+        "created": CREATED,
+        "model": MODEL,
+        "choices": choices,
+        "usage": USAGE_BODY,
+    }
+    return {key: value for key, value in body.items() if key not in without}
 
 
 @dataclass(frozen=True)
@@ -287,3 +325,28 @@ def chunk_errors(spec_file: str, path: str, chunk: dict[str, Any]) -> list[str]:
     define included; [] when it conforms."""
     validator = chunk_validator(spec_file, path)
     return [f"{list(e.instance_path)}: {e.message}" for e in validator.iter_errors(chunk)]
+
+
+# ----- a dialect's tables ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DialectTables:
+    """What a dialect's module hands the shared tests (test_answers.py): its rows, and where its
+    document defines the chat operation they are held to."""
+
+    dialect: str
+    spec: str  # its file in openapi/
+    paths: tuple[str, ...]  # its chat operations' paths (the same request and answers)
+    reads: Sequence[Any]  # ReadCase rows, plain or wrapped in pytest.param
+    completions: Sequence[CompletionCase]
+    streams: Sequence[StreamCase]
+    errors: Sequence[ErrorCase]
+    refused: Sequence[RefusedCase] = ()
+    answers: Sequence[AnswerCase] = ()  # where the document has fields for what the backend said
+    completion_without: tuple[str, ...] = ()  # fields of completion_body its document lacks
+    # a shared gateway error's body (and headers) from the dialect's words for it (test_answers.py)
+    error_body: Callable[[GatewayError, Any], dict[str, Any]] = lambda error, words: {}
+    error_headers: Callable[[GatewayError, Any, dict[str, str]], dict[str, str]] = (
+        lambda error, words, headers: headers
+    )

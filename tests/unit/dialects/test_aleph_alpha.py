@@ -11,23 +11,17 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from gateway.core.canonical import (
     Choice,
-    Completion,
     Finish,
-    FinishReason,
     RefusalDelta,
     ServedBy,
     TextDelta,
 )
 from gateway.core.errors import BadRequest, GatewayError
-from tests.support.documents import response_errors
 from tests.unit.dialects import cases
 from tests.unit.dialects.cases import (
     LOGPROBS,
-    MINIMAL_BODY,
     MISSING_LOGPROB,
     USAGE,
     USAGE_BODY,
@@ -38,10 +32,6 @@ from tests.unit.dialects.cases import (
     RefusedCase,
     StreamCase,
 )
-
-TRANSLATOR = cases.translator("aleph_alpha")
-SPEC, PATH = "aleph_alpha.yaml", "/chat/completions"
-
 
 WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
 WEATHER_CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
@@ -144,23 +134,6 @@ READS = [
 ]
 
 
-@pytest.mark.parametrize("case", READS, ids=lambda case: case.id)
-def test_read(case: ReadCase):
-    assert TRANSLATOR.read({**MINIMAL_BODY, **case.body}) == cases.request(**case.expected)
-
-
-def rejected(name: str, value: Any) -> RefusedCase:
-    return RefusedCase(
-        f"rejected: {name}",
-        {name: value},
-        BadRequest,
-        "UnsupportedParameter",
-        name,
-        ["body", name],
-        value,
-    )
-
-
 def out_of_order(roles: list[str], index: int | None) -> RefusedCase:
     """Roles whose message `index` breaks the order (None: the conversation does not end with user)."""
     loc: list[str | int] = ["body", "messages"] if index is None else ["body", "messages", index, "role"]
@@ -177,7 +150,7 @@ def out_of_order(roles: list[str], index: int | None) -> RefusedCase:
 
 
 REFUSED = [
-    rejected("parallel_tool_calls", False),
+    cases.rejected("parallel_tool_calls", False),
     RefusedCase(
         "max_tokens and maximum_tokens together",
         {"max_tokens": 5, "maximum_tokens": 6},
@@ -196,33 +169,7 @@ REFUSED = [
 ]
 
 
-@pytest.mark.parametrize("case", REFUSED, ids=lambda case: case.id)
-def test_refused(case: RefusedCase):
-    with pytest.raises(case.error) as raised:
-        TRANSLATOR.read({**MINIMAL_BODY, **case.body})
-    error = raised.value
-    assert (error.code, error.param, error.loc, error.value) == (case.code, case.param, case.loc, case.value)
-    rendered = TRANSLATOR.error(error, "request-1")
-    assert rendered.status == error.status
-    assert response_errors(SPEC, PATH, "post", rendered.status, rendered.body) == []
-
-
-def test_every_parameter_the_document_defines_has_a_row():
-    assert cases.parameters_in(READS, REFUSED) >= TRANSLATOR.facts.fields
-
-
 # ----- completion -------------------------------------------------------------------------------
-
-
-def completion_body(choices: list[dict[str, Any]]) -> dict[str, Any]:
-    return {
-        "id": cases.ANSWER_ID,
-        "object": "chat.completion",
-        "created": cases.CREATED,
-        "model": cases.MODEL,
-        "choices": choices,
-        "usage": USAGE_BODY,
-    }
 
 
 def message(content: str) -> dict[str, Any]:
@@ -252,18 +199,7 @@ COMPLETIONS = [
                 "index": 0,
                 "message": message("Hé!"),
                 "logprobs": {
-                    "content": [
-                        {
-                            "token": "Hé",
-                            "logprob": -0.25,
-                            "bytes": [72, 195, 169],
-                            "top_logprobs": [
-                                {"token": "Hé", "logprob": -0.25, "bytes": [72, 195, 169]},
-                                {"token": "Ho", "logprob": -1.5, "bytes": [72, 111]},
-                            ],
-                        },
-                        {"token": "!", "logprob": -0.5, "bytes": [33], "top_logprobs": []},
-                    ],
+                    "content": cases.LOGPROBS_CONTENT,
                 },
                 "finish_reason": "length",
             }
@@ -277,7 +213,7 @@ COMPLETIONS = [
                 "index": 0,
                 "message": message("?"),
                 "logprobs": {
-                    "content": [{"token": "?", "logprob": -9999.0, "bytes": [63], "top_logprobs": []}],
+                    "content": cases.MISSING_LOGPROB_CONTENT,
                 },
                 "finish_reason": "stop",
             }
@@ -320,40 +256,6 @@ ANSWERS = [
         {"system_fingerprint": "fp_44709d6fcb", "usage": USAGE_BODY},
     ),
 ]
-
-
-@pytest.mark.parametrize("case", ANSWERS, ids=lambda case: case.id)
-def test_what_the_backend_said_of_the_answer(case: AnswerCase):
-    choices = [Choice(0, "Hi", finish_reason="stop")]
-    body = TRANSLATOR.completion(cases.answer(), Completion(choices, case.usage, case.served))
-    assert {k: v for k, v in body.items() if k not in ("id", "object", "created", "model", "choices")} == (
-        case.expected
-    )
-    assert response_errors(SPEC, PATH, "post", 200, body) == []
-
-
-@pytest.mark.parametrize("case", COMPLETIONS, ids=lambda case: case.id)
-def test_completion(case: CompletionCase):
-    body = TRANSLATOR.completion(cases.answer(), Completion(case.choices, USAGE))
-    assert body == completion_body(case.expected)
-    assert response_errors(SPEC, PATH, "post", 200, body) == []
-
-
-# The 4.7.0 document takes tools; its service (and client) end such an answer with tool_calls.
-FINISH_WORDS = [
-    ("stop", "stop"),
-    ("stop_sequence", "stop"),
-    ("length", "length"),
-    ("content_filter", "content_filter"),
-    ("tool_calls", "tool_calls"),
-]
-
-
-@pytest.mark.parametrize(("reason", "word"), FINISH_WORDS)
-def test_finish_reason_words(reason: FinishReason, word: str):
-    body = TRANSLATOR.completion(cases.answer(), Completion([Choice(0, "x", finish_reason=reason)], USAGE))
-    (last,) = cases.stream(TRANSLATOR, [Finish(0, reason)])
-    assert body["choices"][0]["finish_reason"] == last["choices"][0]["finish_reason"] == word
 
 
 # ----- chunks -----------------------------------------------------------------------------------
@@ -425,21 +327,13 @@ STREAMS = [
                 choice(
                     {"content": "?"},
                     logprobs={
-                        "content": [{"token": "?", "logprob": -9999.0, "bytes": [63], "top_logprobs": []}],
+                        "content": cases.MISSING_LOGPROB_CONTENT,
                     },
                 )
             ),
         ],
     ),
 ]
-
-
-@pytest.mark.parametrize("case", STREAMS, ids=lambda case: case.id)
-def test_stream(case: StreamCase):
-    chunks = cases.stream(TRANSLATOR, case.events, include_usage=case.include_usage)
-    assert chunks == case.expected
-    for each in chunks:
-        assert cases.chunk_errors(SPEC, PATH, each) == []
 
 
 # ----- error ------------------------------------------------------------------------------------
@@ -449,65 +343,28 @@ def error_body(error: GatewayError, code: str) -> dict[str, Any]:
     return {"error": error.message, "code": code}
 
 
+# the errors only this dialect answers its own way; those every dialect answers with the same
+# status (its words for them in SHARED_ERRORS) are in test_answers.py
 ERRORS = [
-    ErrorCase("400", cases.INVALID_BODY, 400, error_body(cases.INVALID_BODY, "BAD_REQUEST")),
-    ErrorCase(
-        "400 extra parameter",
-        cases.EXTRA_PARAMETER,
-        400,
-        error_body(cases.EXTRA_PARAMETER, "EXTRA_PARAMETER_NOT_ALLOWED"),
-    ),
-    ErrorCase(
-        "400 content filter: a snake_case code in capitals",
-        cases.PROMPT_FILTERED,
-        400,
-        error_body(cases.PROMPT_FILTERED, "CONTENT_FILTER"),
-    ),
-    ErrorCase("401", cases.NO_KEY, 401, error_body(cases.NO_KEY, "UNAUTHORIZED")),
     ErrorCase(
         "hidden deployment is 403",
         cases.HIDDEN_DEPLOYMENT,
         403,
         {"error": "This key may not use the deployment 'text-only'.", "code": "DEPLOYMENT_NOT_ALLOWED"},
     ),
-    ErrorCase("404", cases.UNKNOWN_MODEL, 404, error_body(cases.UNKNOWN_MODEL, "MODEL_NOT_FOUND")),
-    ErrorCase(
-        "405 with Allow",
-        cases.WRONG_METHOD,
-        405,
-        error_body(cases.WRONG_METHOD, "METHOD_NOT_ALLOWED"),
-        {"Allow": "POST"},
-    ),
-    ErrorCase("413", cases.BODY_TOO_LARGE, 413, error_body(cases.BODY_TOO_LARGE, "PAYLOAD_TOO_LARGE")),
-    ErrorCase("415", cases.NOT_JSON_MEDIA, 415, error_body(cases.NOT_JSON_MEDIA, "UNSUPPORTED_MEDIA_TYPE")),
-    ErrorCase(
-        "422",
-        cases.UNSUPPORTED_PARAMETER,
-        422,
-        error_body(cases.UNSUPPORTED_PARAMETER, "UNSUPPORTED_PARAMETER"),
-    ),
-    ErrorCase(
-        "429 with Retry-After",
-        cases.RATE_LIMITED,
-        429,
-        error_body(cases.RATE_LIMITED, "RATE_LIMIT_EXCEEDED"),
-        cases.RATE_LIMIT_HEADERS,
-    ),
-    ErrorCase("500", cases.INTERNAL, 500, error_body(cases.INTERNAL, "INTERNAL_SERVER_ERROR")),
-    ErrorCase("502", cases.ANSWER_TOO_LARGE, 502, error_body(cases.ANSWER_TOO_LARGE, "RESPONSE_TOO_LARGE")),
-    ErrorCase(
-        "503 with Retry-After",
-        cases.NO_REPLICA,
-        503,
-        error_body(cases.NO_REPLICA, "NO_HEALTHY_REPLICA"),
-        {"Retry-After": "5"},
-    ),
-    ErrorCase("504", cases.UPSTREAM_TIMEOUT, 504, error_body(cases.UPSTREAM_TIMEOUT, "UPSTREAM_TIMEOUT")),
 ]
 
 
-@pytest.mark.parametrize("case", ERRORS, ids=lambda case: case.id)
-def test_error(case: ErrorCase):
-    rendered = TRANSLATOR.error(case.error, "request-1")
-    assert (rendered.status, rendered.body, rendered.headers) == (case.status, case.body, case.headers)
-    assert response_errors(SPEC, PATH, "post", case.status, rendered.body) == []
+# the rows the shared tests (test_answers.py) run for this dialect
+TABLES = cases.DialectTables(
+    "aleph_alpha",
+    "aleph_alpha.yaml",
+    ("/chat/completions",),
+    reads=READS,
+    completions=COMPLETIONS,
+    streams=STREAMS,
+    errors=ERRORS,
+    error_body=error_body,
+    refused=REFUSED,
+    answers=ANSWERS,
+)

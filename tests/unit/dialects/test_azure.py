@@ -8,22 +8,16 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from gateway.core.canonical import (
     Choice,
-    Completion,
     Finish,
-    FinishReason,
     RefusalDelta,
     ServedBy,
     TextDelta,
 )
 from gateway.core.errors import GatewayError, UnprocessableContent
-from tests.support.documents import response_errors
 from tests.unit.dialects import cases
 from tests.unit.dialects.cases import (
-    MINIMAL_BODY,
     USAGE,
     USAGE_BODY,
     WEATHER_CALL,
@@ -35,8 +29,6 @@ from tests.unit.dialects.cases import (
     StreamCase,
 )
 
-TRANSLATOR = cases.translator("azure")
-SPEC, PATH = "azure.yaml", "/chat/completions"
 WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather"}}
 
 # ----- read -------------------------------------------------------------------------------------
@@ -112,27 +104,7 @@ READS = [
 ]
 
 
-@pytest.mark.parametrize("case", READS, ids=lambda case: case.id)
-def test_read(case: ReadCase):
-    assert TRANSLATOR.read({**MINIMAL_BODY, **case.body}) == cases.request(**case.expected)
-
-
-def test_every_parameter_the_document_defines_has_a_row():
-    assert cases.parameters_in(READS) >= TRANSLATOR.facts.fields
-
-
 # ----- completion -------------------------------------------------------------------------------
-
-
-def completion_body(choices: list[dict[str, Any]]) -> dict[str, Any]:
-    return {
-        "id": cases.ANSWER_ID,
-        "object": "chat.completion",
-        "created": cases.CREATED,
-        "model": cases.MODEL,
-        "choices": choices,
-        "usage": USAGE_BODY,
-    }
 
 
 COMPLETIONS = [
@@ -186,39 +158,6 @@ ANSWERS = [
         {"system_fingerprint": "fp_44709d6fcb", "usage": USAGE_BODY},
     ),
 ]
-
-
-@pytest.mark.parametrize("case", ANSWERS, ids=lambda case: case.id)
-def test_what_the_backend_said_of_the_answer(case: AnswerCase):
-    choices = [Choice(0, "Hi", finish_reason="stop")]
-    body = TRANSLATOR.completion(cases.answer(), Completion(choices, case.usage, case.served))
-    assert {k: v for k, v in body.items() if k not in ("id", "object", "created", "model", "choices")} == (
-        case.expected
-    )
-    assert response_errors(SPEC, PATH, "post", 200, body) == []
-
-
-@pytest.mark.parametrize("case", COMPLETIONS, ids=lambda case: case.id)
-def test_completion(case: CompletionCase):
-    body = TRANSLATOR.completion(cases.answer(), Completion(case.choices, USAGE))
-    assert body == completion_body(case.expected)
-    assert response_errors(SPEC, PATH, "post", 200, body) == []
-
-
-FINISH_WORDS = [
-    ("stop", "stop"),
-    ("stop_sequence", "stop"),
-    ("length", "length"),
-    ("tool_calls", "tool_calls"),
-    ("content_filter", "content_filter"),
-]
-
-
-@pytest.mark.parametrize(("reason", "word"), FINISH_WORDS)
-def test_finish_reason_words(reason: FinishReason, word: str):
-    body = TRANSLATOR.completion(cases.answer(), Completion([Choice(0, "x", finish_reason=reason)], USAGE))
-    (last,) = cases.stream(TRANSLATOR, [Finish(0, reason), USAGE])
-    assert body["choices"][0]["finish_reason"] == last["choices"][0]["finish_reason"] == word
 
 
 # ----- chunks -----------------------------------------------------------------------------------
@@ -297,14 +236,6 @@ STREAMS = [
 ]
 
 
-@pytest.mark.parametrize("case", STREAMS, ids=lambda case: case.id)
-def test_stream(case: StreamCase):
-    chunks = cases.stream(TRANSLATOR, case.events, include_usage=case.include_usage)
-    assert chunks == case.expected
-    for each in chunks:
-        assert cases.chunk_errors(SPEC, PATH, each) == []
-
-
 # ----- error ------------------------------------------------------------------------------------
 
 
@@ -332,44 +263,9 @@ IMAGE_REFUSED = UnprocessableContent(
 )
 N_REFUSED = UnprocessableContent("The model returns one choice.", param="n", value=3)  # no loc
 
+# the errors only this dialect answers its own way; those every dialect answers with the same
+# status (its words for them in SHARED_ERRORS) are in test_answers.py
 ERRORS = [
-    ErrorCase(
-        "400 invalid body names its param",
-        cases.INVALID_BODY,
-        400,
-        error_body(cases.INVALID_BODY, "BadRequest", code="BadRequest", param="messages[0].content"),
-        error_code("BadRequest"),
-    ),
-    ErrorCase(
-        "400 without a parameter has no param",
-        cases.NOT_JSON,
-        400,
-        error_body(cases.NOT_JSON, "BadRequest", code="BadRequest"),
-        error_code("BadRequest"),
-    ),
-    ErrorCase(
-        "400 extra parameter",
-        cases.EXTRA_PARAMETER,
-        400,
-        error_body(
-            cases.EXTRA_PARAMETER, "ExtraParameterNotAllowed", code="ExtraParameterNotAllowed", param="mood"
-        ),
-        error_code("ExtraParameterNotAllowed"),
-    ),
-    ErrorCase(
-        "400 content filter",
-        cases.PROMPT_FILTERED,
-        400,
-        error_body(cases.PROMPT_FILTERED, "content_filter", code="content_filter", param="messages"),
-        error_code("content_filter"),
-    ),
-    ErrorCase(
-        "401 has no code in the body",
-        cases.NO_KEY,
-        401,
-        error_body(cases.NO_KEY, "Unauthorized"),
-        error_code("Unauthorized"),
-    ),
     ErrorCase(
         "hidden deployment is 404, as an unknown deployment",
         cases.HIDDEN_DEPLOYMENT,
@@ -380,46 +276,6 @@ ERRORS = [
             "status": 404,
         },
         error_code("DeploymentNotFound"),
-    ),
-    ErrorCase(
-        "404 has no code in the body",
-        cases.UNKNOWN_MODEL,
-        404,
-        error_body(cases.UNKNOWN_MODEL, "ModelNotFound"),
-        error_code("ModelNotFound"),
-    ),
-    ErrorCase(
-        "405 with Allow",
-        cases.WRONG_METHOD,
-        405,
-        error_body(cases.WRONG_METHOD, "MethodNotAllowed", code="MethodNotAllowed"),
-        error_code("MethodNotAllowed", Allow="POST"),
-    ),
-    ErrorCase(
-        "413",
-        cases.BODY_TOO_LARGE,
-        413,
-        error_body(cases.BODY_TOO_LARGE, "PayloadTooLarge", code="PayloadTooLarge"),
-        error_code("PayloadTooLarge"),
-    ),
-    ErrorCase(
-        "415",
-        cases.NOT_JSON_MEDIA,
-        415,
-        error_body(cases.NOT_JSON_MEDIA, "UnsupportedMediaType", code="UnsupportedMediaType"),
-        error_code("UnsupportedMediaType"),
-    ),
-    ErrorCase(
-        "422 detail: loc, and the value as JSON text",
-        cases.UNSUPPORTED_PARAMETER,
-        422,
-        error_body(
-            cases.UNSUPPORTED_PARAMETER,
-            "UnsupportedParameter",
-            code="UnsupportedParameter",
-            detail={"loc": ["body", "top_k"], "value": "5"},
-        ),
-        error_code("UnsupportedParameter"),
     ),
     ErrorCase(
         "422 detail: list indices as text, a string value as it is",
@@ -445,46 +301,19 @@ ERRORS = [
         ),
         error_code("UnprocessableContent"),
     ),
-    ErrorCase(
-        "429 has no code in the body, keeps Retry-After",
-        cases.RATE_LIMITED,
-        429,
-        error_body(cases.RATE_LIMITED, "RateLimitExceeded"),
-        error_code("RateLimitExceeded", **cases.RATE_LIMIT_HEADERS),
-    ),
-    ErrorCase(
-        "500",
-        cases.INTERNAL,
-        500,
-        error_body(cases.INTERNAL, "InternalServerError", code="InternalServerError"),
-        error_code("InternalServerError"),
-    ),
-    ErrorCase(
-        "502",
-        cases.ANSWER_TOO_LARGE,
-        502,
-        error_body(cases.ANSWER_TOO_LARGE, "ResponseTooLarge", code="ResponseTooLarge"),
-        error_code("ResponseTooLarge"),
-    ),
-    ErrorCase(
-        "503 with Retry-After",
-        cases.NO_REPLICA,
-        503,
-        error_body(cases.NO_REPLICA, "NoHealthyReplica", code="NoHealthyReplica"),
-        error_code("NoHealthyReplica", **{"Retry-After": "5"}),
-    ),
-    ErrorCase(
-        "504",
-        cases.UPSTREAM_TIMEOUT,
-        504,
-        error_body(cases.UPSTREAM_TIMEOUT, "UpstreamTimeout", code="UpstreamTimeout"),
-        error_code("UpstreamTimeout"),
-    ),
 ]
 
 
-@pytest.mark.parametrize("case", ERRORS, ids=lambda case: case.id)
-def test_error(case: ErrorCase):
-    rendered = TRANSLATOR.error(case.error, "request-1")
-    assert (rendered.status, rendered.body, rendered.headers) == (case.status, case.body, case.headers)
-    assert response_errors(SPEC, PATH, "post", case.status, rendered.body) == []
+# the rows the shared tests (test_answers.py) run for this dialect
+TABLES = cases.DialectTables(
+    "azure",
+    "azure.yaml",
+    ("/chat/completions",),
+    reads=READS,
+    completions=COMPLETIONS,
+    streams=STREAMS,
+    errors=ERRORS,
+    error_body=lambda error, words: error_body(error, words[0], **words[1]),
+    error_headers=lambda error, words, headers: error_code(words[0], **headers),
+    answers=ANSWERS,
+)

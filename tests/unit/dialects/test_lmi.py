@@ -9,35 +9,24 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from gateway.core.canonical import (
     Choice,
-    Completion,
     Finish,
-    FinishReason,
     TextDelta,
     TokenLogprob,
     TopLogprob,
 )
 from gateway.core.errors import GatewayError
-from tests.support.documents import response_errors
 from tests.unit.dialects import cases
 from tests.unit.dialects.cases import (
     LOGPROBS,
-    MINIMAL_BODY,
     MISSING_LOGPROB,
     USAGE,
-    USAGE_BODY,
     CompletionCase,
     ErrorCase,
     ReadCase,
     StreamCase,
 )
-
-TRANSLATOR = cases.translator("lmi")
-SPEC = "lmi.yaml"
-PATHS = ["/v1/chat/completions", "/invocations"]  # the same chat request and answers
 
 # ----- read -------------------------------------------------------------------------------------
 
@@ -86,27 +75,7 @@ READS = [
 ]
 
 
-@pytest.mark.parametrize("case", READS, ids=lambda case: case.id)
-def test_read(case: ReadCase):
-    assert TRANSLATOR.read({**MINIMAL_BODY, **case.body}) == cases.request(**case.expected)
-
-
-def test_every_parameter_the_document_defines_has_a_row():
-    assert cases.parameters_in(READS) >= TRANSLATOR.facts.fields
-
-
 # ----- completion -------------------------------------------------------------------------------
-
-
-def completion_body(choices: list[dict[str, Any]]) -> dict[str, Any]:
-    """No `model` in LMI's bodies; `usage` always."""
-    return {
-        "id": cases.ANSWER_ID,
-        "object": "chat.completion",
-        "created": cases.CREATED,
-        "choices": choices,
-        "usage": USAGE_BODY,
-    }
 
 
 def message(content: str) -> dict[str, Any]:
@@ -169,9 +138,7 @@ COMPLETIONS = [
             {
                 "index": 0,
                 "message": message("?"),
-                "logprobs": {
-                    "content": [{"token": "?", "logprob": -9999.0, "bytes": [63], "top_logprobs": []}]
-                },
+                "logprobs": {"content": cases.MISSING_LOGPROB_CONTENT},
                 "finish_reason": "eos_token",
             }
         ],
@@ -212,31 +179,6 @@ COMPLETIONS = [
         ],
     ),
 ]
-
-
-@pytest.mark.parametrize("case", COMPLETIONS, ids=lambda case: case.id)
-def test_completion(case: CompletionCase):
-    body = TRANSLATOR.completion(cases.answer(), Completion(case.choices, USAGE))
-    assert body == completion_body(case.expected)
-    if case.checked_against_document:
-        for path in PATHS:
-            assert response_errors(SPEC, path, "post", 200, body) == []
-
-
-FINISH_WORDS = [
-    ("stop", "eos_token"),
-    ("stop_sequence", "stop_sequence"),
-    ("length", "length"),
-    ("tool_calls", "eos_token"),
-    ("content_filter", "stop_sequence"),
-]
-
-
-@pytest.mark.parametrize(("reason", "word"), FINISH_WORDS)
-def test_finish_reason_words(reason: FinishReason, word: str):
-    body = TRANSLATOR.completion(cases.answer(), Completion([Choice(0, "x", finish_reason=reason)], USAGE))
-    (last,) = cases.stream(TRANSLATOR, [Finish(0, reason)])
-    assert body["choices"][0]["finish_reason"] == last["choices"][0]["finish_reason"] == word
 
 
 # ----- chunks -----------------------------------------------------------------------------------
@@ -307,15 +249,6 @@ STREAMS = [
 ]
 
 
-@pytest.mark.parametrize("case", STREAMS, ids=lambda case: case.id)
-def test_stream(case: StreamCase):
-    chunks = cases.stream(TRANSLATOR, case.events, include_usage=case.include_usage)
-    assert chunks == case.expected
-    for each in chunks:
-        for path in PATHS:
-            assert cases.chunk_errors(SPEC, path, each) == []
-
-
 # ----- error ------------------------------------------------------------------------------------
 
 
@@ -323,15 +256,9 @@ def error_body(error: GatewayError, exception: str) -> dict[str, Any]:
     return {"code": error.status, "type": exception, "message": error.message}
 
 
+# the errors only this dialect answers its own way; those every dialect answers with the same
+# status (its words for them in SHARED_ERRORS) are in test_answers.py
 ERRORS = [
-    ErrorCase("400", cases.INVALID_BODY, 400, error_body(cases.INVALID_BODY, "BadRequestException")),
-    ErrorCase(
-        "400 content filter",
-        cases.PROMPT_FILTERED,
-        400,
-        error_body(cases.PROMPT_FILTERED, "BadRequestException"),
-    ),
-    ErrorCase("401", cases.NO_KEY, 401, error_body(cases.NO_KEY, "UnauthorizedException")),
     ErrorCase(
         "hidden deployment is 403",
         cases.HIDDEN_DEPLOYMENT,
@@ -342,45 +269,18 @@ ERRORS = [
             "message": "This key may not use the deployment 'text-only'.",
         },
     ),
-    ErrorCase("404", cases.UNKNOWN_MODEL, 404, error_body(cases.UNKNOWN_MODEL, "ModelNotFoundException")),
-    ErrorCase(
-        "405 with Allow",
-        cases.WRONG_METHOD,
-        405,
-        error_body(cases.WRONG_METHOD, "BadRequestException"),
-        {"Allow": "POST"},
-    ),
-    ErrorCase("413", cases.BODY_TOO_LARGE, 413, error_body(cases.BODY_TOO_LARGE, "PayloadTooLargeException")),
-    ErrorCase("415", cases.NOT_JSON_MEDIA, 415, error_body(cases.NOT_JSON_MEDIA, "BadRequestException")),
-    ErrorCase(
-        "422",
-        cases.UNSUPPORTED_PARAMETER,
-        422,
-        error_body(cases.UNSUPPORTED_PARAMETER, "BadRequestException"),
-    ),
-    ErrorCase(
-        "429 with Retry-After",
-        cases.RATE_LIMITED,
-        429,
-        error_body(cases.RATE_LIMITED, "ServiceUnavailableException"),
-        cases.RATE_LIMIT_HEADERS,
-    ),
-    ErrorCase("500", cases.INTERNAL, 500, error_body(cases.INTERNAL, "InternalServerException")),
-    ErrorCase("502", cases.ANSWER_TOO_LARGE, 502, error_body(cases.ANSWER_TOO_LARGE, "BadGatewayException")),
-    ErrorCase(
-        "503 with Retry-After",
-        cases.NO_REPLICA,
-        503,
-        error_body(cases.NO_REPLICA, "ServiceUnavailableException"),
-        {"Retry-After": "5"},
-    ),
-    ErrorCase("504", cases.UPSTREAM_TIMEOUT, 504, error_body(cases.UPSTREAM_TIMEOUT, "TimeoutException")),
 ]
 
 
-@pytest.mark.parametrize("case", ERRORS, ids=lambda case: case.id)
-def test_error(case: ErrorCase):
-    rendered = TRANSLATOR.error(case.error, "request-1")
-    assert (rendered.status, rendered.body, rendered.headers) == (case.status, case.body, case.headers)
-    for path in PATHS:
-        assert response_errors(SPEC, path, "post", case.status, rendered.body) == []
+# the rows the shared tests (test_answers.py) run for this dialect
+TABLES = cases.DialectTables(
+    "lmi",
+    "lmi.yaml",
+    ("/v1/chat/completions", "/invocations"),
+    reads=READS,
+    completions=COMPLETIONS,
+    streams=STREAMS,
+    errors=ERRORS,
+    error_body=error_body,
+    completion_without=("model",),
+)

@@ -13,20 +13,16 @@ import pytest
 
 from gateway.core.canonical import (
     Choice,
-    Completion,
     Finish,
-    FinishReason,
     RefusalDelta,
     ServedBy,
     TextDelta,
 )
 from gateway.core.errors import GatewayError, NotFound
 from gateway.fleet.router import Router
-from tests.support.documents import response_errors
 from tests.unit.dialects import cases
 from tests.unit.dialects.cases import (
     LOGPROBS,
-    MINIMAL_BODY,
     MISSING_LOGPROB,
     USAGE,
     USAGE_BODY,
@@ -40,7 +36,6 @@ from tests.unit.dialects.cases import (
 )
 
 TRANSLATOR = cases.translator("openai")
-SPEC, PATH = "openai.yaml", "/chat/completions"
 WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
 
 # ----- read -------------------------------------------------------------------------------------
@@ -151,27 +146,7 @@ READS = [
 ]
 
 
-@pytest.mark.parametrize("case", READS, ids=lambda case: case.id)
-def test_read(case: ReadCase):
-    assert TRANSLATOR.read({**MINIMAL_BODY, **case.body}) == cases.request(**case.expected)
-
-
-def test_every_parameter_the_document_defines_has_a_row():
-    assert cases.parameters_in(READS) >= TRANSLATOR.facts.fields
-
-
 # ----- completion -------------------------------------------------------------------------------
-
-
-def completion_body(choices: list[dict[str, Any]]) -> dict[str, Any]:
-    return {
-        "id": cases.ANSWER_ID,
-        "object": "chat.completion",
-        "created": cases.CREATED,
-        "model": cases.MODEL,
-        "choices": choices,
-        "usage": USAGE_BODY,
-    }
 
 
 def message(content: str | None, **more: Any) -> dict[str, Any]:
@@ -216,18 +191,7 @@ COMPLETIONS = [
                 "index": 0,
                 "message": message("Hé!"),
                 "logprobs": {
-                    "content": [
-                        {
-                            "token": "Hé",
-                            "logprob": -0.25,
-                            "bytes": [72, 195, 169],
-                            "top_logprobs": [
-                                {"token": "Hé", "logprob": -0.25, "bytes": [72, 195, 169]},
-                                {"token": "Ho", "logprob": -1.5, "bytes": [72, 111]},
-                            ],
-                        },
-                        {"token": "!", "logprob": -0.5, "bytes": [33], "top_logprobs": []},
-                    ],
+                    "content": cases.LOGPROBS_CONTENT,
                     "refusal": None,
                 },
                 "finish_reason": "length",
@@ -242,7 +206,7 @@ COMPLETIONS = [
                 "index": 0,
                 "message": message("?"),
                 "logprobs": {
-                    "content": [{"token": "?", "logprob": -9999.0, "bytes": [63], "top_logprobs": []}],
+                    "content": cases.MISSING_LOGPROB_CONTENT,
                     "refusal": None,
                 },
                 "finish_reason": "stop",
@@ -281,7 +245,7 @@ COMPLETIONS = [
                 "message": {"role": "assistant", "content": None, "refusal": cases.REFUSAL},
                 "logprobs": {
                     "content": None,
-                    "refusal": [{"token": "!", "logprob": -0.5, "bytes": [33], "top_logprobs": []}],
+                    "refusal": [cases.BANG_CONTENT],
                 },
                 "finish_reason": "stop",
             }
@@ -311,14 +275,6 @@ COMPLETIONS = [
 ]
 
 
-@pytest.mark.parametrize("case", COMPLETIONS, ids=lambda case: case.id)
-def test_completion(case: CompletionCase):
-    body = TRANSLATOR.completion(cases.answer(**case.request), Completion(case.choices, USAGE))
-    assert body == completion_body(case.expected)
-    if case.checked_against_document:
-        assert response_errors(SPEC, PATH, "post", 200, body) == []
-
-
 ANSWERS = [
     AnswerCase("nothing said", ServedBy(), USAGE, {"usage": USAGE_BODY}),
     AnswerCase(
@@ -336,32 +292,6 @@ ANSWERS = [
         },
     ),
 ]
-
-
-@pytest.mark.parametrize("case", ANSWERS, ids=lambda case: case.id)
-def test_what_the_backend_said_of_the_answer(case: AnswerCase):
-    choices = [Choice(0, "Hi", finish_reason="stop")]
-    body = TRANSLATOR.completion(cases.answer(), Completion(choices, case.usage, case.served))
-    assert {k: v for k, v in body.items() if k not in ("id", "object", "created", "model", "choices")} == (
-        case.expected
-    )
-    assert response_errors(SPEC, PATH, "post", 200, body) == []
-
-
-FINISH_WORDS = [
-    ("stop", "stop"),
-    ("stop_sequence", "stop"),
-    ("length", "length"),
-    ("tool_calls", "tool_calls"),
-    ("content_filter", "content_filter"),
-]
-
-
-@pytest.mark.parametrize(("reason", "word"), FINISH_WORDS)
-def test_finish_reason_words(reason: FinishReason, word: str):
-    body = TRANSLATOR.completion(cases.answer(), Completion([Choice(0, "x", finish_reason=reason)], USAGE))
-    (last,) = cases.stream(TRANSLATOR, [Finish(0, reason)])
-    assert body["choices"][0]["finish_reason"] == last["choices"][0]["finish_reason"] == word
 
 
 # ----- chunks -----------------------------------------------------------------------------------
@@ -426,7 +356,7 @@ STREAMS = [
                     {"refusal": "I can't"},
                     logprobs={
                         "content": None,
-                        "refusal": [{"token": "!", "logprob": -0.5, "bytes": [33], "top_logprobs": []}],
+                        "refusal": [cases.BANG_CONTENT],
                     },
                 )
             ),
@@ -467,7 +397,7 @@ STREAMS = [
                 choice(
                     {"content": "!"},
                     logprobs={
-                        "content": [{"token": "!", "logprob": -0.5, "bytes": [33], "top_logprobs": []}],
+                        "content": [cases.BANG_CONTENT],
                         "refusal": None,
                     },
                 )
@@ -477,14 +407,6 @@ STREAMS = [
 ]
 
 
-@pytest.mark.parametrize("case", STREAMS, ids=lambda case: case.id)
-def test_stream(case: StreamCase):
-    chunks = cases.stream(TRANSLATOR, case.events, include_usage=case.include_usage, **case.request)
-    assert chunks == case.expected
-    for each in chunks:
-        assert cases.chunk_errors(SPEC, PATH, each) == []
-
-
 # ----- error ------------------------------------------------------------------------------------
 
 
@@ -492,34 +414,9 @@ def error_body(error: GatewayError, kind: str, param: str | None, code: str) -> 
     return {"error": {"message": error.message, "type": kind, "param": param, "code": code}}
 
 
+# the errors only this dialect answers its own way; those every dialect answers with the same
+# status (its words for them in SHARED_ERRORS) are in test_answers.py
 ERRORS = [
-    ErrorCase(
-        "400 invalid body",
-        cases.INVALID_BODY,
-        400,
-        error_body(cases.INVALID_BODY, "invalid_request_error", "messages[0].content", "BadRequest"),
-    ),
-    ErrorCase(
-        "400 without a parameter",
-        cases.NOT_JSON,
-        400,
-        error_body(cases.NOT_JSON, "invalid_request_error", None, "BadRequest"),
-    ),
-    ErrorCase(
-        "400 extra parameter",
-        cases.EXTRA_PARAMETER,
-        400,
-        error_body(cases.EXTRA_PARAMETER, "invalid_request_error", "mood", "ExtraParameterNotAllowed"),
-    ),
-    ErrorCase(
-        "400 content filter",
-        cases.PROMPT_FILTERED,
-        400,
-        error_body(cases.PROMPT_FILTERED, "invalid_request_error", "messages", "content_filter"),
-    ),
-    ErrorCase(
-        "401", cases.NO_KEY, 401, error_body(cases.NO_KEY, "authentication_error", None, "Unauthorized")
-    ),
     ErrorCase(
         "hidden deployment is 404, as an unknown model",
         cases.HIDDEN_DEPLOYMENT,
@@ -533,77 +430,24 @@ ERRORS = [
             }
         },
     ),
-    ErrorCase(
-        "404 unknown model",
-        cases.UNKNOWN_MODEL,
-        404,
-        error_body(cases.UNKNOWN_MODEL, "not_found_error", "model", "ModelNotFound"),
-    ),
-    ErrorCase(
-        "405 with Allow",
-        cases.WRONG_METHOD,
-        405,
-        error_body(cases.WRONG_METHOD, "invalid_request_error", None, "MethodNotAllowed"),
-        {"Allow": "POST"},
-    ),
-    ErrorCase(
-        "413",
-        cases.BODY_TOO_LARGE,
-        413,
-        error_body(cases.BODY_TOO_LARGE, "invalid_request_error", None, "PayloadTooLarge"),
-    ),
-    ErrorCase(
-        "415",
-        cases.NOT_JSON_MEDIA,
-        415,
-        error_body(cases.NOT_JSON_MEDIA, "invalid_request_error", None, "UnsupportedMediaType"),
-    ),
-    ErrorCase(
-        "422 unsupported parameter",
-        cases.UNSUPPORTED_PARAMETER,
-        422,
-        error_body(cases.UNSUPPORTED_PARAMETER, "invalid_request_error", "top_k", "UnsupportedParameter"),
-    ),
-    ErrorCase(
-        "429 with Retry-After",
-        cases.RATE_LIMITED,
-        429,
-        error_body(cases.RATE_LIMITED, "rate_limit_error", None, "RateLimitExceeded"),
-        cases.RATE_LIMIT_HEADERS,
-    ),
-    ErrorCase(
-        "500", cases.INTERNAL, 500, error_body(cases.INTERNAL, "server_error", None, "InternalServerError")
-    ),
-    ErrorCase(
-        "502",
-        cases.ANSWER_TOO_LARGE,
-        502,
-        error_body(cases.ANSWER_TOO_LARGE, "upstream_error", None, "ResponseTooLarge"),
-    ),
-    ErrorCase(
-        "503 with Retry-After",
-        cases.NO_REPLICA,
-        503,
-        error_body(cases.NO_REPLICA, "server_error", None, "NoHealthyReplica"),
-        {"Retry-After": "5"},
-    ),
-    ErrorCase(
-        "504",
-        cases.UPSTREAM_TIMEOUT,
-        504,
-        error_body(cases.UPSTREAM_TIMEOUT, "timeout_error", None, "UpstreamTimeout"),
-    ),
 ]
-
-
-@pytest.mark.parametrize("case", ERRORS, ids=lambda case: case.id)
-def test_error(case: ErrorCase):
-    rendered = TRANSLATOR.error(case.error, "request-1")
-    assert (rendered.status, rendered.body, rendered.headers) == (case.status, case.body, case.headers)
-    assert response_errors(SPEC, PATH, "post", case.status, rendered.body) == []
 
 
 def test_a_hidden_model_reads_as_an_unknown_one():
     with pytest.raises(NotFound) as unknown:
         Router([]).route("text-only")  # a router with no deployments knows no model
     assert TRANSLATOR.error(cases.HIDDEN_DEPLOYMENT, "r") == TRANSLATOR.error(unknown.value, "r")
+
+
+# the rows the shared tests (test_answers.py) run for this dialect
+TABLES = cases.DialectTables(
+    "openai",
+    "openai.yaml",
+    ("/chat/completions",),
+    reads=READS,
+    completions=COMPLETIONS,
+    streams=STREAMS,
+    errors=ERRORS,
+    error_body=lambda error, words: error_body(error, *words),
+    answers=ANSWERS,
+)

@@ -11,9 +11,8 @@ from typing import Any
 
 import pytest
 
-from gateway.core.canonical import Choice, Completion, Finish, FinishReason, RefusalDelta, TextDelta
+from gateway.core.canonical import Choice, Finish, RefusalDelta, TextDelta
 from gateway.core.errors import BadRequest
-from tests.support.documents import response_errors
 from tests.unit.dialects import cases
 from tests.unit.dialects.cases import (
     LOGPROBS,
@@ -31,7 +30,6 @@ from tests.unit.dialects.cases import (
 )
 
 TRANSLATOR = cases.translator("ovms")
-SPEC, PATH = "ovms.yaml", "/chat/completions"
 WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather"}}
 
 # ----- read -------------------------------------------------------------------------------------
@@ -125,43 +123,26 @@ READS = [
 ]
 
 
-@pytest.mark.parametrize("case", READS, ids=lambda case: case.id)
-def test_read(case: ReadCase):
-    assert TRANSLATOR.read({**MINIMAL_BODY, **case.body}) == cases.request(**case.expected)
-
-
-def rejected(name: str, value: Any) -> RefusedCase:
-    return RefusedCase(
-        f"rejected: {name}",
-        {name: value},
-        BadRequest,
-        "UnsupportedParameter",
-        name,
-        ["body", name],
-        value,
-    )
-
-
 REFUSED = [
     # OpenAI's parameters the seed calls unsupported
-    rejected("logit_bias", {"50256": -100}),
-    rejected("top_logprobs", 2),
-    rejected("response_format", {"type": "json_object"}),
-    rejected("user", "u-1"),
-    rejected("functions", [{"name": "get_weather"}]),
-    rejected("function_call", "auto"),
+    cases.rejected("logit_bias", {"50256": -100}),
+    cases.rejected("top_logprobs", 2),
+    cases.rejected("response_format", {"type": "json_object"}),
+    cases.rejected("user", "u-1"),
+    cases.rejected("functions", [{"name": "get_weather"}]),
+    cases.rejected("function_call", "auto"),
     # vLLM's
-    rejected("min_p", 0.1),
-    rejected("use_beam_search", True),
-    rejected("early_stopping", True),
-    rejected("stop_token_ids", [2]),
-    rejected("min_tokens", 3),
-    rejected("prompt_logprobs", 1),
-    rejected("detokenize", False),
-    rejected("skip_special_tokens", False),
-    rejected("spaces_between_special_tokens", False),
-    rejected("logits_processors", ["x"]),
-    rejected("truncate_prompt_tokens", 10),
+    cases.rejected("min_p", 0.1),
+    cases.rejected("use_beam_search", True),
+    cases.rejected("early_stopping", True),
+    cases.rejected("stop_token_ids", [2]),
+    cases.rejected("min_tokens", 3),
+    cases.rejected("prompt_logprobs", 1),
+    cases.rejected("detokenize", False),
+    cases.rejected("skip_special_tokens", False),
+    cases.rejected("spaces_between_special_tokens", False),
+    cases.rejected("logits_processors", ["x"]),
+    cases.rejected("truncate_prompt_tokens", 10),
     # OVMS's rules (ovms.yaml `x-chatgate-rules`)
     RefusedCase(
         "include_stop_str_in_output false with stream",
@@ -216,17 +197,6 @@ REFUSED = [
 ]
 
 
-@pytest.mark.parametrize("case", REFUSED, ids=lambda case: case.id)
-def test_refused(case: RefusedCase):
-    with pytest.raises(case.error) as raised:
-        TRANSLATOR.read({**MINIMAL_BODY, **case.body})
-    error = raised.value
-    assert (error.code, error.param, error.loc, error.value) == (case.code, case.param, case.loc, case.value)
-    rendered = TRANSLATOR.error(error, "request-1")
-    assert rendered.status == error.status
-    assert response_errors(SPEC, PATH, "post", rendered.status, rendered.body) == []
-
-
 def test_best_of_below_n_says_both():
     with pytest.raises(BadRequest) as raised:
         TRANSLATOR.read({**MINIMAL_BODY, "n": 3, "best_of": 2})
@@ -236,22 +206,7 @@ def test_best_of_below_n_says_both():
     }
 
 
-def test_every_parameter_the_document_defines_has_a_row():
-    assert cases.parameters_in(READS, REFUSED) >= TRANSLATOR.facts.fields
-
-
 # ----- completion -------------------------------------------------------------------------------
-
-
-def completion_body(choices: list[dict[str, Any]]) -> dict[str, Any]:
-    """OVMS sends no `id` (nor system_fingerprint)."""
-    return {
-        "object": "chat.completion",
-        "created": cases.CREATED,
-        "model": cases.MODEL,
-        "choices": choices,
-        "usage": USAGE_BODY,
-    }
 
 
 def message(content: str | None, **more: Any) -> dict[str, Any]:
@@ -285,16 +240,7 @@ COMPLETIONS = [
                 "message": message("Hé!?"),
                 "logprobs": {
                     "content": [
-                        {
-                            "token": "Hé",
-                            "logprob": -0.25,
-                            "bytes": [72, 195, 169],
-                            "top_logprobs": [
-                                {"token": "Hé", "logprob": -0.25, "bytes": [72, 195, 169]},
-                                {"token": "Ho", "logprob": -1.5, "bytes": [72, 111]},
-                            ],
-                        },
-                        {"token": "!", "logprob": -0.5, "bytes": [33], "top_logprobs": []},
+                        *cases.LOGPROBS_CONTENT,
                         {"token": "?", "logprob": None, "bytes": [63], "top_logprobs": []},
                     ],
                 },
@@ -311,29 +257,6 @@ COMPLETIONS = [
         ],
     ),
 ]
-
-
-@pytest.mark.parametrize("case", COMPLETIONS, ids=lambda case: case.id)
-def test_completion(case: CompletionCase):
-    body = TRANSLATOR.completion(cases.answer(), Completion(case.choices, USAGE))
-    assert body == completion_body(case.expected)
-    assert response_errors(SPEC, PATH, "post", 200, body) == []
-
-
-FINISH_WORDS = [
-    ("stop", "stop"),
-    ("stop_sequence", "stop"),
-    ("length", "length"),
-    ("tool_calls", "stop"),
-    ("content_filter", "stop"),
-]
-
-
-@pytest.mark.parametrize(("reason", "word"), FINISH_WORDS)
-def test_finish_reason_words(reason: FinishReason, word: str):
-    body = TRANSLATOR.completion(cases.answer(), Completion([Choice(0, "x", finish_reason=reason)], USAGE))
-    (last,) = cases.stream(TRANSLATOR, [Finish(0, reason)])
-    assert body["choices"][0]["finish_reason"] == last["choices"][0]["finish_reason"] == word
 
 
 # ----- chunks -----------------------------------------------------------------------------------
@@ -393,55 +316,30 @@ STREAMS = [
 ]
 
 
-@pytest.mark.parametrize("case", STREAMS, ids=lambda case: case.id)
-def test_stream(case: StreamCase):
-    chunks = cases.stream(TRANSLATOR, case.events, include_usage=case.include_usage)
-    assert chunks == case.expected
-    for each in chunks:
-        assert cases.chunk_errors(SPEC, PATH, each) == []
-
-
 # ----- error ------------------------------------------------------------------------------------
 
+# the errors only this dialect answers its own way; those every dialect answers with the same
+# status (its words for them in SHARED_ERRORS) are in test_answers.py
 ERRORS = [
-    ErrorCase("400", cases.INVALID_BODY, 400, {"error": cases.INVALID_BODY.message}),
-    ErrorCase("400 content filter", cases.PROMPT_FILTERED, 400, {"error": cases.PROMPT_FILTERED.message}),
-    ErrorCase("401", cases.NO_KEY, 401, {"error": cases.NO_KEY.message}),
     ErrorCase(
         "hidden deployment is 403",
         cases.HIDDEN_DEPLOYMENT,
         403,
         {"error": "This key may not use the deployment 'text-only'."},
     ),
-    ErrorCase("404", cases.UNKNOWN_MODEL, 404, {"error": cases.UNKNOWN_MODEL.message}),
-    ErrorCase(
-        "405 with Allow", cases.WRONG_METHOD, 405, {"error": cases.WRONG_METHOD.message}, {"Allow": "POST"}
-    ),
-    ErrorCase("413", cases.BODY_TOO_LARGE, 413, {"error": cases.BODY_TOO_LARGE.message}),
-    ErrorCase("415", cases.NOT_JSON_MEDIA, 415, {"error": cases.NOT_JSON_MEDIA.message}),
-    ErrorCase("422", cases.UNSUPPORTED_PARAMETER, 422, {"error": cases.UNSUPPORTED_PARAMETER.message}),
-    ErrorCase(
-        "429 with Retry-After",
-        cases.RATE_LIMITED,
-        429,
-        {"error": cases.RATE_LIMITED.message},
-        cases.RATE_LIMIT_HEADERS,
-    ),
-    ErrorCase("500", cases.INTERNAL, 500, {"error": cases.INTERNAL.message}),
-    ErrorCase("502", cases.ANSWER_TOO_LARGE, 502, {"error": cases.ANSWER_TOO_LARGE.message}),
-    ErrorCase(
-        "503 with Retry-After",
-        cases.NO_REPLICA,
-        503,
-        {"error": cases.NO_REPLICA.message},
-        {"Retry-After": "5"},
-    ),
-    ErrorCase("504", cases.UPSTREAM_TIMEOUT, 504, {"error": cases.UPSTREAM_TIMEOUT.message}),
 ]
 
 
-@pytest.mark.parametrize("case", ERRORS, ids=lambda case: case.id)
-def test_error(case: ErrorCase):
-    rendered = TRANSLATOR.error(case.error, "request-1")
-    assert (rendered.status, rendered.body, rendered.headers) == (case.status, case.body, case.headers)
-    assert response_errors(SPEC, PATH, "post", case.status, rendered.body) == []
+# the rows the shared tests (test_answers.py) run for this dialect
+TABLES = cases.DialectTables(
+    "ovms",
+    "ovms.yaml",
+    ("/chat/completions",),
+    reads=READS,
+    completions=COMPLETIONS,
+    streams=STREAMS,
+    errors=ERRORS,
+    error_body=lambda error, words: {"error": error.message},
+    refused=REFUSED,
+    completion_without=("id",),
+)

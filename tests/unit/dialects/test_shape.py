@@ -17,6 +17,7 @@ from gateway.dialects.framing import SSE, JSONLines
 from gateway.dialects.registry import DIALECTS
 from gateway.dialects.shape import DocumentFacts, OpenAIShaped
 from gateway.http.documents import load_document
+from tests.support.readers import chat_shaped
 from tests.unit.dialects import cases
 from tests.unit.dialects.cases import MINIMAL_BODY, USAGE, USAGE_BODY, ReadCase, StreamCase
 
@@ -254,7 +255,7 @@ def expected_usage_chunks(translator: OpenAIShaped) -> tuple[int, int]:
 
 
 @pytest.mark.parametrize("include_usage", [False, True], ids=["usage not asked for", "usage asked for"])
-@pytest.mark.parametrize("dialect_name", sorted(DIALECTS))
+@pytest.mark.parametrize("dialect_name", sorted(chat_shaped()))  # streams of `choices` chunks
 def test_a_chunk_without_choices_is_the_usage_chunk(dialect_name: str, include_usage: bool):
     """A client reads `choices[0]` of every chunk but the usage one; an empty one anywhere else
     breaks it. Every other chunk has no usage (absent, or null where the document says so)."""
