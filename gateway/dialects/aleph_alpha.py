@@ -172,4 +172,5 @@ DIALECT = Dialect(
     translator=AlephAlphaTranslator,
     chat_operations=("createChatCompletion",),
     operations=operations,
+    probes="aleph_alpha",
 )

@@ -212,4 +212,5 @@ DIALECT = Dialect(
     chat_operations=("getChatCompletions",),
     operations=operations,
     routing_header=DEPLOYMENT_HEADER,
+    probes="azure",
 )

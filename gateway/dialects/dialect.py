@@ -1,6 +1,6 @@
 """A dialect's code as the gateway loads it: its document, its translator, which operations the
-chat pipeline answers and the handlers of the others (where it mounts by default is data, in
-the registry `gateway.dialects`)."""
+chat pipeline answers, the handlers of the others and the probe set that probes it (where it
+mounts by default is data, in the registry `gateway.dialects`)."""
 
 from __future__ import annotations
 
@@ -74,3 +74,7 @@ class Dialect:
     # images named by URL or path are screened by the gateway's media policy before any backend
     # (OVMS's three forms: gateway/policy/media.py); else they are passed on as sent
     screens_media: bool = False
+    # the probe set its chat operation is probed with (`chatgate probe`, `chatgate conformance`),
+    # by name in gateway.probes.sets: its own, or that of a dialect whose shape it shares; None:
+    # not probed (the commands say so)
+    probes: str | None = None

@@ -159,4 +159,5 @@ DIALECT = Dialect(
     translator=LMITranslator,
     chat_operations=("createChatCompletion", "invocations"),
     operations=operations,
+    probes="lmi",
 )

@@ -148,4 +148,5 @@ DIALECT = Dialect(
     translator=OpenAITranslator,
     chat_operations=("createChatCompletion",),
     operations=operations,
+    probes="openai",
 )

@@ -102,4 +102,5 @@ DIALECT = Dialect(
     translator=OVMSTranslator,
     chat_operations=("createChatCompletion",),
     screens_media=True,
+    probes="ovms",
 )
