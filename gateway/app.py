@@ -27,7 +27,7 @@ from gateway.core.errors import NotFound
 from gateway.core.memory import return_large_blocks
 from gateway.dialects.dialect import Dialect
 from gateway.dialects.registry import DIALECTS
-from gateway.dialects.shape import DocumentFacts, OpenAIShaped
+from gateway.dialects.translator import DocumentFacts, Translator
 from gateway.http.call import Call
 from gateway.http.documents import DialectSpec, load_document
 from gateway.http.error_dialects import ErrorDialects
@@ -87,7 +87,7 @@ def gateway_endpoints(live: Live, lifecycle: Lifecycle) -> dict[str, Any]:
     return {"/health": health, "/ready": ready, "/metrics": metrics}
 
 
-def not_found(fallback: OpenAIShaped) -> ASGIApp:
+def not_found(fallback: Translator[Any]) -> ASGIApp:
     """What lies behind everything: a path nothing answered (a Swagger UI file that is not there)."""
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
@@ -108,7 +108,7 @@ class Live:
         self,
         settings: Settings,
         mounted: list[tuple[Dialect, str]],
-        translators: dict[str, Any],
+        translators: dict[str, Translator[Any]],
         lifecycle: Lifecycle,
     ) -> None:
         self.mounted = mounted

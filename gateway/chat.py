@@ -36,7 +36,7 @@ from gateway.core.errors import ClientGone, GatewayError, InternalError
 from gateway.core.ids import random_hex
 from gateway.core.trace import Trace
 from gateway.dialects.dialect import Dialect
-from gateway.dialects.shape import JSON, Answer, OpenAIShaped, StreamState
+from gateway.dialects.translator import JSON, Answer, Translator
 from gateway.http.call import Call
 from gateway.http.streaming import EventStreamResponse
 from gateway.runtime import Admission, Runtime
@@ -66,7 +66,7 @@ def is_content(event: Event) -> bool:
 class ChatPipeline:
     """The handler of a dialect's chat operations."""
 
-    def __init__(self, runtime: Runtime, dialect: Dialect, translator: OpenAIShaped) -> None:
+    def __init__(self, runtime: Runtime, dialect: Dialect, translator: Translator[Any]) -> None:
         self.runtime = runtime
         self.translator = translator
         self.routing_header = dialect.routing_header
@@ -162,7 +162,7 @@ class ChatPipeline:
             on_end=ended,
         )
 
-    def rendered(self, answer: Answer, item: Item, state: StreamState) -> bytes:
+    def rendered(self, answer: Answer, item: Item, state: Any) -> bytes:
         """An item's chunks, framed, as one piece."""
         translator, frame = self.translator, self.translator.framing.frame
         if not isinstance(item, list):
@@ -181,7 +181,7 @@ class ChatPipeline:
         dialect's shape (an error event its SDKs raise on), never an invented finish reason."""
         translator = self.translator
         frame = translator.framing.error
-        state: StreamState[Any] = StreamState()  # any dialect's chunks: this serves them all
+        state = translator.new_stream_state()
         room = self.max_response_bytes
         try:
             while not first.done():
@@ -208,13 +208,13 @@ class ChatPipeline:
         except GatewayError as error:
             # the status went out as 200 with the first byte; the record says how it ended
             call.record.error_code = error.code
-            yield frame(translator.error(error, call.request_id).body)
+            yield frame(translator.stream_error(error, call.request_id, state))
             return
         except Exception:  # an unexpected fault mid-stream: report it in shape, never hang
             log.exception("stream failed")
             failure = InternalError("The backend failed mid-stream.")
             call.record.error_code = failure.code
-            yield frame(translator.error(failure, call.request_id).body)
+            yield frame(translator.stream_error(failure, call.request_id, state))
             return
         finally:
             if not first.done():

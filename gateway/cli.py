@@ -375,14 +375,15 @@ def probe(
     from gateway.probes.findings import ProbeUnavailable
     from gateway.probes.runner import Target
     from gateway.probes.runner import probe as run
-    from gateway.probes.sets import PROBE_SETS
+    from gateway.probes.sets import probe_set_of, probed_dialects
     from gateway.tools.conformance_target import dialect_of
 
     if (problem := url_problem(url)) is not None:
         fail(f"probe: {url!r} is not a URL to probe: {problem}")
-    probes = PROBE_SETS.get(dialect or dialect_of(url))
+    probed = dialect or dialect_of(url)
+    probes = probe_set_of(probed)
     if probes is None:
-        fail(f"probe: --dialect {dialect!r}: one of {', '.join(PROBE_SETS)}")
+        fail(f"probe: --dialect {probed!r} has no probes: one of {', '.join(probed_dialects())}")
     headers = {}
     for item in header or []:
         name, colon, value = item.partition(":")

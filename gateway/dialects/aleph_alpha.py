@@ -14,7 +14,8 @@ from starlette.responses import Response
 from gateway.core.canonical import ChatRequest, Choice, Completion, Event, Usage
 from gateway.core.errors import BadRequest, GatewayError
 from gateway.dialects.dialect import Dialect, Handler, ModelDirectory, OperationCall
-from gateway.dialects.shape import JSON, Answer, OpenAIShaped, Shared, StreamState
+from gateway.dialects.shape import OpenAIShaped, Shared, StreamState
+from gateway.dialects.translator import JSON, Answer, Translator
 
 if TYPE_CHECKING:
     from generated import aleph_alpha as aleph_alpha_doc
@@ -157,7 +158,7 @@ def model_body(name: str) -> aleph_alpha_doc.AvailableModel:
     }
 
 
-def operations(runtime: ModelDirectory, translator: OpenAIShaped) -> dict[str, Handler]:
+def operations(runtime: ModelDirectory, translator: Translator[Any]) -> dict[str, Handler]:
     async def list_models_available(call: OperationCall) -> Response:
         listed = [model_body(name) for name in runtime.router.model_names(call.caller.may_use)]
         return Response(orjson.dumps(listed), media_type=JSON)
@@ -171,4 +172,5 @@ DIALECT = Dialect(
     translator=AlephAlphaTranslator,
     chat_operations=("createChatCompletion",),
     operations=operations,
+    probes="aleph_alpha",
 )

@@ -17,7 +17,8 @@ from starlette.responses import Response
 from gateway.core.canonical import ChatRequest, Completion, Event, Finish, Usage
 from gateway.core.errors import DeploymentForbidden, DeploymentNotFound, GatewayError
 from gateway.dialects.dialect import Dialect, Handler, ModelDirectory, OperationCall
-from gateway.dialects.shape import JSON, Answer, OpenAIShaped, RenderedError, Shared, StreamState
+from gateway.dialects.shape import OpenAIShaped, Shared, StreamState
+from gateway.dialects.translator import JSON, Answer, RenderedError, Translator
 
 if TYPE_CHECKING:
     from typing import TypeAlias
@@ -189,7 +190,7 @@ class AzureTranslator(
         return rendered
 
 
-def operations(runtime: ModelDirectory, translator: OpenAIShaped) -> dict[str, Handler]:
+def operations(runtime: ModelDirectory, translator: Translator[Any]) -> dict[str, Handler]:
     async def get_model_info(call: OperationCall) -> Response:
         deployment = runtime.router.route(None, call.headers.get(DEPLOYMENT_HEADER))
         if not call.caller.may_use(deployment.name):
@@ -211,4 +212,5 @@ DIALECT = Dialect(
     chat_operations=("getChatCompletions",),
     operations=operations,
     routing_header=DEPLOYMENT_HEADER,
+    probes="azure",
 )

@@ -1,16 +1,16 @@
 """A dialect's code as the gateway loads it: its document, its translator, which operations the
-chat pipeline answers and the handlers of the others (where it mounts by default is data, in
-the registry `gateway.dialects`)."""
+chat pipeline answers, the handlers of the others and the probe set that probes it (where it
+mounts by default is data, in the registry `gateway.dialects`)."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from starlette.responses import Response
 
-from gateway.dialects.shape import OpenAIShaped
+from gateway.dialects.translator import Translator, TranslatorFactory
 
 # What a dialect's own operations (models, info, ping) may see of the gateway, as protocols: a
 # dialect module imports no part of the runtime, so the dialects' code stands below everything
@@ -58,7 +58,7 @@ class ModelDirectory(Protocol):
 Handler = Callable[[OperationCall], Awaitable[Response]]
 
 
-def no_operations(directory: ModelDirectory, translator: OpenAIShaped) -> dict[str, Handler]:
+def no_operations(directory: ModelDirectory, translator: Translator[Any]) -> dict[str, Handler]:
     return {}
 
 
@@ -66,11 +66,15 @@ def no_operations(directory: ModelDirectory, translator: OpenAIShaped) -> dict[s
 class Dialect:
     name: str
     document: str  # its file in openapi/
-    translator: type[OpenAIShaped]
+    translator: TranslatorFactory  # its translator's class (gateway/dialects/translator.py)
     chat_operations: tuple[str, ...]  # the operationIds the chat pipeline answers
     # the handlers of its other operations, by operationId
-    operations: Callable[[ModelDirectory, OpenAIShaped], dict[str, Handler]] = no_operations
+    operations: Callable[[ModelDirectory, Translator[Any]], dict[str, Handler]] = no_operations
     routing_header: str | None = None  # a header that names the deployment (Azure's)
     # images named by URL or path are screened by the gateway's media policy before any backend
     # (OVMS's three forms: gateway/policy/media.py); else they are passed on as sent
     screens_media: bool = False
+    # the probe set its chat operation is probed with (`chatgate probe`, `chatgate conformance`),
+    # by name in gateway.probes.sets: its own, or that of a dialect whose shape it shares; None:
+    # not probed (the commands say so)
+    probes: str | None = None

@@ -7,7 +7,7 @@ a stream; logprobs only with a positive `top_logprobs`; errors as DJL Serving's
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from starlette.responses import Response
@@ -16,7 +16,8 @@ from gateway.core.canonical import ChatRequest, Completion, Event, Finish, TextD
 from gateway.core.errors import GatewayError
 from gateway.dialects.dialect import Dialect, Handler, ModelDirectory, OperationCall
 from gateway.dialects.framing import JSONLines
-from gateway.dialects.shape import JSON, Answer, OpenAIShaped, Shared, StreamState
+from gateway.dialects.shape import OpenAIShaped, Shared, StreamState
+from gateway.dialects.translator import JSON, Answer, Translator
 
 if TYPE_CHECKING:
     from generated import lmi as lmi_doc
@@ -51,7 +52,7 @@ class LMITranslator(
 ):
     """No `model` in LMI's bodies; a chunk's logprobs a one-element list (see lmi.yaml)."""
 
-    framing = JSONLines
+    framing = JSONLines()
     finish_delta = {"content": ""}
     separate_role_chunk = False  # LMI's first chunk carries the role and the first token
     usage_chunk = "never"  # LMI's stream has no usage
@@ -144,7 +145,7 @@ class LMITranslator(
         }
 
 
-def operations(runtime: ModelDirectory, translator: OpenAIShaped) -> dict[str, Handler]:
+def operations(runtime: ModelDirectory, translator: Translator[Any]) -> dict[str, Handler]:
     async def ping(call: OperationCall) -> Response:
         body: lmi_doc.PingResponse = {"status": "Healthy"}
         return Response(orjson.dumps(body), media_type=JSON)
@@ -158,4 +159,5 @@ DIALECT = Dialect(
     translator=LMITranslator,
     chat_operations=("createChatCompletion", "invocations"),
     operations=operations,
+    probes="lmi",
 )

@@ -3,7 +3,7 @@ only what the caller's key may use)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from starlette.responses import Response
@@ -11,7 +11,8 @@ from starlette.responses import Response
 from gateway.core.canonical import Completion, Usage
 from gateway.core.errors import DeploymentForbidden, GatewayError, ModelNotFound, NotFound
 from gateway.dialects.dialect import Dialect, Handler, ModelDirectory, OperationCall
-from gateway.dialects.shape import JSON, Answer, OpenAIShaped, RenderedError, Shared, StreamState
+from gateway.dialects.shape import OpenAIShaped, Shared, StreamState
+from gateway.dialects.translator import JSON, Answer, RenderedError, Translator
 
 if TYPE_CHECKING:
     from generated import openai as openai_doc
@@ -118,7 +119,7 @@ def model_body(model_id: str, created: int) -> openai_doc.Model:
     return {"id": model_id, "object": "model", "created": created, "owned_by": "chatgate"}
 
 
-def operations(runtime: ModelDirectory, translator: OpenAIShaped) -> dict[str, Handler]:
+def operations(runtime: ModelDirectory, translator: Translator[Any]) -> dict[str, Handler]:
     async def list_models(call: OperationCall) -> Response:
         listed: openai_doc.ListModelsResponse = {
             "object": "list",
@@ -147,4 +148,5 @@ DIALECT = Dialect(
     translator=OpenAITranslator,
     chat_operations=("createChatCompletion",),
     operations=operations,
+    probes="openai",
 )

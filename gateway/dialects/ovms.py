@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 from gateway.core.canonical import ChatRequest, Completion, Usage
 from gateway.core.errors import GatewayError
 from gateway.dialects.dialect import Dialect
-from gateway.dialects.shape import Answer, OpenAIShaped, Shared, StreamState
+from gateway.dialects.shape import OpenAIShaped, Shared, StreamState
+from gateway.dialects.translator import Answer
 
 if TYPE_CHECKING:
     from generated import ovms as ovms_doc
@@ -101,4 +102,5 @@ DIALECT = Dialect(
     translator=OVMSTranslator,
     chat_operations=("createChatCompletion",),
     screens_media=True,
+    probes="ovms",
 )

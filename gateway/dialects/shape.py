@@ -1,7 +1,8 @@
-"""The translator every OpenAI-shaped dialect is made from: a chat body read by its document's
-fields into the one canonical request, and canonical events rendered as completions, chunks and
-error bodies. A dialect's translator says, as data or a small override, what its document says
-differently. Everything here is pure: no I/O, no policy, no server.
+"""The translator every OpenAI-shaped dialect is made from (one implementation of
+`gateway.dialects.translator.Translator`): a chat body read by its document's fields into the one
+canonical request, and canonical events rendered as completions, chunks and error bodies. A
+dialect's translator says, as data or a small override, what its document says differently.
+Everything here is pure: no I/O, no policy, no server.
 """
 
 from __future__ import annotations
@@ -9,8 +10,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar
-
-import orjson
 
 from gateway.core.canonical import (
     ChatRequest,
@@ -34,12 +33,11 @@ from gateway.core.canonical import (
 from gateway.core.errors import BadRequest, GatewayError
 from gateway.core.parameters import BY_SPELLING
 from gateway.dialects.framing import SSE, Framing
-from gateway.dialects.rules import Rule, first_breach
+from gateway.dialects.rules import first_breach
+from gateway.dialects.translator import Answer, DocumentFacts, RenderedError
 
 if TYPE_CHECKING:  # the documents' shapes, for the type checker only (generated/, no run-time cost)
     from generated import openai as openai_doc
-
-JSON = "application/json"
 
 # A translator is typed by its dialect's document (generated/<dialect>.py): the request it reads,
 # the completion, chunk, stream choice and error body it writes. mypy holds each dialect's keys
@@ -57,13 +55,13 @@ Shared = Any
 TOKEN_LIMITS = ("max_completion_tokens", "max_tokens", "maximum_tokens")
 
 
-def whole(value: Any) -> Any:
+def integer_parameter(value: Any) -> Any:
     """An integer parameter as an int: a document that counts integers as JSON Schema 2020-12
     does admits 2.0 (gateway/http/validation.py, `x-chatgate-integers`)."""
     return int(value) if isinstance(value, float) else value
 
 
-def said(details: CompletionTokensDetails | PromptTokensDetails) -> dict[str, int]:
+def usage_detail_counts(details: CompletionTokensDetails | PromptTokensDetails) -> dict[str, int]:
     """The counts of a usage detail the backend gave (those it did not say are left out)."""
     # not dataclasses.asdict: it deep-copies every value, a fifth of rendering an answer
     return {name: value for name in details.__slots__ if (value := getattr(details, name)) is not None}
@@ -80,25 +78,6 @@ def unsupported_parameter(name: str, value: Any) -> BadRequest:
     )
 
 
-@dataclass(frozen=True, slots=True)
-class DocumentFacts:
-    """What a translator takes from its dialect's document, once, at start."""
-
-    fields: frozenset[str]  # the parameters a chat body may hold
-    unsupported: Mapping[str, str] = field(default_factory=dict)  # name → "ignored" | "rejected"
-    rules: tuple[Rule, ...] = ()  # the document's `x-chatgate-rules` (gateway/dialects/rules.py)
-
-
-@dataclass(slots=True)
-class Answer:
-    """What every body of one answer shares."""
-
-    id: str
-    created: int
-    model: str
-    request: ChatRequest
-
-
 @dataclass(slots=True)
 class StreamState(Generic[ChunkT]):
     """What a stream's translation remembers between events."""
@@ -106,16 +85,6 @@ class StreamState(Generic[ChunkT]):
     started: set[int] = field(default_factory=set)  # choices whose first chunk went out
     served: ServedBy = field(default_factory=ServedBy)  # what the backend said of the answer
     held: dict[int, ChunkT] = field(default_factory=dict)  # a choice's chunk not yet sent
-
-
-@dataclass(slots=True)
-class RenderedError:
-    status: int
-    body: Mapping[str, Any]
-    headers: dict[str, str]
-
-    def json(self) -> bytes:
-        return orjson.dumps(self.body)
 
 
 # When a stream ends with a usage-only chunk: when `include_usage` asks, always, or never.
@@ -128,7 +97,7 @@ class OpenAIShaped(Generic[RequestT, CompletionT, ChunkT, StreamChoiceT, ErrorT]
     keys (completion, chunk, stream choice, error) each dialect writes in its own document's
     types (`completion`, `chunk_body`, `chunk_choice`, `error_body`)."""
 
-    framing: ClassVar[Framing] = SSE
+    framing: ClassVar[Framing] = SSE()
     id_prefix: ClassVar[str] = "chatcmpl-"
     # canonical finish reason → the dialect's word
     finish_reasons: ClassVar[Mapping[FinishReason, str]] = {
@@ -154,6 +123,9 @@ class OpenAIShaped(Generic[RequestT, CompletionT, ChunkT, StreamChoiceT, ErrorT]
 
     def __init__(self, facts: DocumentFacts) -> None:
         self.facts = facts
+
+    def new_stream_state(self) -> StreamState[ChunkT]:
+        return StreamState()
 
     # ----- reading ---------------------------------------------------------------------------
 
@@ -193,23 +165,24 @@ class OpenAIShaped(Generic[RequestT, CompletionT, ChunkT, StreamChoiceT, ErrorT]
                 tool_choice = {"type": "function", "function": legacy_choice}
             elif legacy_choice is not None:
                 tool_choice = legacy_choice
-        max_tokens = whole(next((known[name] for name in TOKEN_LIMITS if known.get(name) is not None), None))
+        limit = next((known[name] for name in TOKEN_LIMITS if known.get(name) is not None), None)
+        max_tokens = integer_parameter(limit)
         return ChatRequest(
             model=known.get("model"),
             messages=known["messages"],
             stream=bool(known.get("stream")),
             include_usage=bool((known.get("stream_options") or {}).get("include_usage")),
-            n=whole(known.get("n")) or 1,
+            n=integer_parameter(known.get("n")) or 1,
             max_tokens=max_tokens,
             stop=[stop] if isinstance(stop, str) else list(stop or []),
-            seed=whole(known.get("seed")),
+            seed=integer_parameter(known.get("seed")),
             temperature=known.get("temperature"),
             top_p=known.get("top_p"),
             frequency_penalty=known.get("frequency_penalty"),
             presence_penalty=known.get("presence_penalty"),
             logit_bias=known.get("logit_bias"),
             logprobs=bool(known.get("logprobs")),
-            top_logprobs=whole(known.get("top_logprobs")) or 0,
+            top_logprobs=integer_parameter(known.get("top_logprobs")) or 0,
             response_format=known.get("response_format"),
             tools=tools,
             tool_choice=tool_choice,
@@ -299,9 +272,9 @@ class OpenAIShaped(Generic[RequestT, CompletionT, ChunkT, StreamChoiceT, ErrorT]
         }
         if self.usage_details:
             if usage.completion_tokens_details is not None:
-                body["completion_tokens_details"] = said(usage.completion_tokens_details)  # type: ignore[typeddict-item]
+                body["completion_tokens_details"] = usage_detail_counts(usage.completion_tokens_details)  # type: ignore[typeddict-item]
             if usage.prompt_tokens_details is not None:
-                body["prompt_tokens_details"] = said(usage.prompt_tokens_details)  # type: ignore[typeddict-item]
+                body["prompt_tokens_details"] = usage_detail_counts(usage.prompt_tokens_details)  # type: ignore[typeddict-item]
         return body
 
     def finish_word(self, reason: FinishReason | None, request: ChatRequest) -> Shared:
@@ -413,6 +386,12 @@ class OpenAIShaped(Generic[RequestT, CompletionT, ChunkT, StreamChoiceT, ErrorT]
         """A gateway error as this dialect answers it: status, body and headers."""
         error = self.named_unsupported(error)
         return RenderedError(error.status, self.error_body(error, request_id), dict(error.headers))
+
+    def stream_error(
+        self, error: GatewayError, request_id: str, state: StreamState[ChunkT]
+    ) -> Mapping[str, Any]:
+        """An error mid-stream: the body its HTTP error would have (the framing makes it an event)."""
+        return self.error(error, request_id).body
 
     def named_unsupported(self, error: GatewayError) -> GatewayError:
         """A schema error about a parameter the document marks rejected, said as what it is: the

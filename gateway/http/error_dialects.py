@@ -4,19 +4,21 @@ connection layer (gateway/server/edge.py) renders its own errors with it too, no
 
 from __future__ import annotations
 
+from typing import Any
+
 from gateway.core.errors import error_for_status
-from gateway.dialects.shape import OpenAIShaped
+from gateway.dialects.translator import Translator
 
 JSON_MEDIA_TYPE = b"application/json"
 
 
 class ErrorDialects:
-    def __init__(self, mounted: list[tuple[str, OpenAIShaped]], fallback: OpenAIShaped) -> None:
+    def __init__(self, mounted: list[tuple[str, Translator[Any]]], fallback: Translator[Any]) -> None:
         prefixes = [(mount.rstrip("/"), translator) for mount, translator in mounted]
         self.mounts = sorted(prefixes, key=lambda pair: len(pair[0]), reverse=True)  # longest first
         self.fallback = fallback  # renders errors off every mount
 
-    def translator_for(self, path: str) -> OpenAIShaped:
+    def translator_for(self, path: str) -> Translator[Any]:
         for prefix, translator in self.mounts:
             if not prefix or path == prefix or path.startswith(prefix + "/"):
                 return translator

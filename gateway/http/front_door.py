@@ -40,7 +40,7 @@ from gateway.core.errors import (
     UnsupportedMediaType,
 )
 from gateway.core.ids import new_request_id
-from gateway.dialects.shape import OpenAIShaped
+from gateway.dialects.translator import Translator
 from gateway.http.call import Call
 from gateway.http.documents import resolve
 from gateway.http.error_dialects import ErrorDialects
@@ -76,7 +76,7 @@ class Operation:
     route: str  # its path as the document writes it, under its mount
     operation_id: str
     handler: Handler
-    translator: OpenAIShaped | None  # renders its errors (None: the gateway's own endpoints)
+    translator: Translator[Any] | None  # renders its errors (None: the gateway's own endpoints)
     schemes: tuple[Scheme, ...]  # how a key is presented (none: public)
     parameters: tuple[Parameter, ...]
     body: jsonschema_rs.Draft4Validator | None
@@ -169,7 +169,7 @@ class FrontDoor(SpecMiddleware):
         base_path: str | None = None,
         *,
         document: dict[str, Any],
-        translator: OpenAIShaped,
+        translator: Translator[Any],
         handlers: dict[str, Handler],
         dialect: str,
         **_connexion_options: Any,
@@ -373,7 +373,7 @@ class FrontDoor(SpecMiddleware):
 
     @staticmethod
     def error_response(
-        translator: OpenAIShaped, error: GatewayError, request_id: bytes, record: RequestRecord | None
+        translator: Translator[Any], error: GatewayError, request_id: bytes, record: RequestRecord | None
     ) -> Response:
         if record is not None:
             record.error_code = error.code

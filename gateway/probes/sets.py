@@ -1,8 +1,10 @@
-"""The probe sets, by dialect: each in its module, with its requests in its own shape, its
-error schema and its stream framing."""
+"""The probe sets, by name: each in its module, with its requests in its own shape, its error
+schema and its stream framing. A dialect names the set it is probed with (`Dialect.probes`):
+its own, or that of a dialect whose shape it shares."""
 
 from __future__ import annotations
 
+from gateway.dialects.registry import DIALECTS
 from gateway.probes.aleph_alpha import ALEPH_ALPHA
 from gateway.probes.azure import AZURE
 from gateway.probes.lmi import LMI
@@ -11,3 +13,17 @@ from gateway.probes.ovms import OVMS
 from gateway.probes.probe_set import ProbeSet
 
 PROBE_SETS: dict[str, ProbeSet] = {s.dialect: s for s in (OPENAI, AZURE, ALEPH_ALPHA, LMI, OVMS)}
+
+
+def probe_set_of(dialect: str) -> ProbeSet | None:
+    """The probe set a registered dialect is probed with; None for a dialect that names none (or
+    is not registered): a command says it is not probed, it never fails on it."""
+    registered = DIALECTS.get(dialect)
+    if registered is None or registered.probes is None:
+        return None
+    return PROBE_SETS.get(registered.probes)
+
+
+def probed_dialects() -> list[str]:
+    """The registered dialects that have a probe set."""
+    return [name for name in DIALECTS if probe_set_of(name) is not None]

@@ -365,7 +365,8 @@ def run(
     reachable(url)
     register_checks()
     vendors = None
-    if dialect in VENDOR_DOCUMENTS:
+    vendor = VENDOR_DOCUMENTS.get(dialect)  # a dialect without one is held to its own document only
+    if vendor is not None:
         try:
             vendors = VendorSpecs.find(refspecs)
         except RefspecsError as error:
@@ -377,7 +378,7 @@ def run(
                 "(scripts/fetch-refspecs --dest DIR writes every one)"
             )
     if against == "vendor" and vendors is None:
-        why = "this dialect has none" if dialect not in VENDOR_DOCUMENTS else REFSPECS_HOW
+        why = "this dialect has none" if vendor is None else REFSPECS_HOW
         raise ConformanceUnavailable(f"--against vendor needs the vendor's document: {why}")
     request_headers = dict(headers or {})
     if key:
@@ -399,7 +400,7 @@ def run(
         dialect=dialect,
         url=url,
         spec_file=f"openapi/{SPEC_FILES[dialect]}",
-        vendor_file=VENDOR_DOCUMENTS[dialect].file if vendors else None,
+        vendor_file=vendor.file if vendors and vendor else None,
         max_examples=max_examples,
         auth=auth_line(served, document, key_sent=bool(key), open_server="ignored_auth" in excluded),
         key_sent=bool(key),

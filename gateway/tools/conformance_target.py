@@ -149,9 +149,11 @@ def features_of(
 
     from gateway.probes.findings import ProbeUnavailable
     from gateway.probes.runner import Target, probe
-    from gateway.probes.sets import PROBE_SETS
+    from gateway.probes.sets import probe_set_of
 
-    probes = PROBE_SETS[dialect]
+    probes = probe_set_of(dialect)
+    if probes is None:
+        return [], f"not probed: the {dialect} dialect names no probe set"
     if model is None:
         return [], "not probed: name the model with --model (the server lists none at /models)"
     try:

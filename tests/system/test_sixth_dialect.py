@@ -1,7 +1,8 @@
 """The README's recipe for a sixth dialect holds: in a copy of the tree, a throwaway dialect made
 from a copy of an existing document — its document, its translator module, one line in the data
 registry, and what the generators write; no test table edited — changes those files only, passes
-the suite's table-driven tests and the type check, and is served at its own mount.
+the suite's table-driven tests and the type check, is served at its own mount and probed with the
+probe set it names.
 
 The copy is `vllm`: OVMS's document under another name, at `/vllm`, with OVMS's translator.
 """
@@ -9,6 +10,7 @@ The copy is `vllm`: OVMS's document under another name, at `/vllm`, with OVMS's 
 from __future__ import annotations
 
 import difflib
+import json
 import os
 import shutil
 import subprocess
@@ -43,6 +45,7 @@ DIALECT = Dialect(
     translator=OVMSTranslator,
     chat_operations=("createChatCompletion",),
     screens_media=True,
+    probes="ovms",  # probed as OVMS is: it shares its shape
 )
 '''
 
@@ -156,6 +159,14 @@ def test_it_is_served_at_its_mount(copy_with_a_sixth_dialect: Path, tmp_path: Pa
         assert refused.status_code == 400 and "messages" in refused.text  # its document validates
         served = httpx.get(f"{url}/vllm/openapi.json", timeout=30)
         assert served.status_code == 200 and "/chat/completions" in served.json()["paths"]
+        # `chatgate conformance --model` probes its features (the probe set it names), no KeyError
+        probe = (
+            "import json; from gateway.tools.conformance_target import features_of;"
+            f"features, why = features_of('{url}/vllm', 'vllm', 'echo', {{}}, 30.0);"
+            "print(json.dumps({f.name: f.verdict for f in features}))"
+        )
+        verdicts = json.loads(run([sys.executable, "-c", probe], tree).stdout)
+        assert verdicts["stream_done"] == verdicts["tools"] == "honoured", verdicts
     finally:
         process.terminate()
         process.wait(20)

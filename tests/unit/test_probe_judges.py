@@ -11,13 +11,14 @@ import pytest
 from backends.openai_compatible import CAPABILITIES
 from gateway.core.canonical import ChatRequest
 from gateway.core.errors import UnprocessableContent
+from gateway.dialects.registry import DIALECTS
 from gateway.policy.capabilities import check
 from gateway.probes.findings import Finding
 from gateway.probes.judges import JSON_LINES
 from gateway.probes.narrowing import narrowed, not_honoured
 from gateway.probes.openai import OPENAI
 from gateway.probes.probe_set import Answer
-from gateway.probes.sets import PROBE_SETS
+from gateway.probes.sets import PROBE_SETS, probe_set_of
 
 PROBES = {probe.feature: probe for probe in OPENAI.probes}
 
@@ -188,6 +189,19 @@ def test_every_dialect_probes_or_names_each_feature_once(dialect: str):
         for body in probe.bodies:
             if probe.feature not in ("n", "seed", "error_shape"):
                 assert body.get("temperature") == 0, (dialect, probe.feature)
+
+
+@pytest.mark.parametrize("dialect", list(DIALECTS))
+def test_every_dialect_names_a_probe_set_that_exists_or_none(dialect: str):
+    """A registered dialect's probes are looked up by the name it declares (a name that is not a
+    set would leave it unprobed without a word: it is caught here)."""
+    named = DIALECTS[dialect].probes
+    assert named is None or named in PROBE_SETS
+    assert probe_set_of(dialect) is (None if named is None else PROBE_SETS[named])
+
+
+def test_a_dialect_not_registered_has_no_probes_and_no_key_error():
+    assert probe_set_of("klingon") is None
 
 
 def test_azure_core_error_object_is_azures_shape_too():

@@ -42,7 +42,7 @@ from gateway.core.errors import (
     UnsupportedMediaType,
 )
 from gateway.dialects.registry import DIALECTS
-from gateway.dialects.shape import Answer, OpenAIShaped, StreamState
+from gateway.dialects.translator import Answer, Translator
 from gateway.http.documents import load_document
 from gateway.http.validation import to_json_schema
 from tests.support.dialect_routes import main_routes
@@ -50,7 +50,7 @@ from tests.support.documents import closed
 
 
 @cache
-def translator(dialect_name: str) -> OpenAIShaped:
+def translator(dialect_name: str) -> Translator[Any]:
     """The dialect's translator, made from its document's facts as gateway/app.py makes it."""
     dialect = DIALECTS[dialect_name]
     return dialect.translator(facts_of(load_document(dialect.document), dialect.chat_operations))
@@ -122,10 +122,10 @@ def answer(*, include_usage: bool = False, **fields: Any) -> Answer:
 
 
 def stream(
-    translator: OpenAIShaped, events: list[Event], *, include_usage: bool = False, **fields: Any
+    translator: Translator[Any], events: list[Event], *, include_usage: bool = False, **fields: Any
 ) -> list[dict]:
     """The chunks a stream of events becomes, in order, through one stream state."""
-    state, shared = StreamState(), answer(include_usage=include_usage, **fields)
+    state, shared = translator.new_stream_state(), answer(include_usage=include_usage, **fields)
     return [chunk for event in events for chunk in translator.chunks(shared, event, state)]
 
 

@@ -8,14 +8,16 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import orjson
 import pytest
 
 from gateway.core.canonical import Finish, TextDelta, ToolCallDelta
 from gateway.core.errors import GatewayError
 from gateway.core.parameters import BY_SPELLING
-from gateway.dialects.framing import SSE, JSONLines
+from gateway.dialects.framing import SSE, JSONLines, NamedEventSSE
 from gateway.dialects.registry import DIALECTS
-from gateway.dialects.shape import DocumentFacts, OpenAIShaped
+from gateway.dialects.shape import OpenAIShaped
+from gateway.dialects.translator import DocumentFacts, Translator
 from gateway.http.documents import load_document
 from tests.support.readers import chat_shaped
 from tests.unit.dialects import cases
@@ -245,7 +247,7 @@ USAGE_CHUNKS = {
 }
 
 
-def expected_usage_chunks(translator: OpenAIShaped) -> tuple[int, int]:
+def expected_usage_chunks(translator: Translator[Any]) -> tuple[int, int]:
     """The row of the nearest class in the translator's ancestry that has one (a new translator
     with none fails here, naming itself)."""
     for cls in type(translator).__mro__:
@@ -297,9 +299,21 @@ def streamed_media_type(dialect_name: str) -> str:
 def test_framing(dialect_name: str):
     framing, frame, done = FRAMING_BY_MEDIA_TYPE[streamed_media_type(dialect_name)]
     translator = cases.translator(dialect_name)
-    assert translator.framing is framing
+    assert isinstance(translator.framing, framing)
     assert translator.framing.frame({"a": 1}) == frame
     assert translator.framing.done == done
+
+
+def test_named_event_framing_names_each_event_by_its_type():
+    """Anthropic's Messages and OpenAI's Responses streams: `event: <type>`, then its data; an
+    error mid-stream is an event like the others (its type, `error`); no end marker."""
+    framing = NamedEventSSE()
+    assert framing.frame({"type": "message_start", "n": 1}) == (
+        b'event: message_start\ndata: {"type":"message_start","n":1}\n\n'
+    )
+    error = {"type": "error", "error": {"type": "overloaded_error", "message": "busy"}}
+    assert framing.error(error) == b"event: error\ndata: " + orjson.dumps(error) + b"\n\n"
+    assert framing.done is None and framing.media_type == "text/event-stream"
 
 
 # ----- errors -----------------------------------------------------------------------------------
