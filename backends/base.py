@@ -167,7 +167,7 @@ BACKEND_KINDS: dict[str, BackendKind] = {
             "backends.local.backend:LocalBackend",
             "backends.local.backend:LocalOptions",
             requires=("torch", "transformers"),
-            install="pip install 'chatgate[local]' plus PyTorch (README, 'local backend')",
+            install="pip install 'chatgate[local]' plus PyTorch (docs/backends.md, the local backend)",
         ),
     )
 }

@@ -691,7 +691,7 @@ class StreamState:
             if call is None:
                 # a new call begins: the earlier calls of this choice are complete
                 for earlier in sorted(k for k in pending if k < call_index):
-                    events.append(self.whole(index, pending.pop(earlier)))
+                    events.append(self.finished_call(index, pending.pop(earlier)))
                 call = pending[call_index] = PendingCall(call_index, "", "")
             call.id = call.id or fragment.get("id") or ""
             call.name = call.name or function.get("name") or ""
@@ -702,10 +702,10 @@ class StreamState:
     def flush(self, index: int, events: list[Event]) -> None:
         pending = self.calls.pop(index, {})
         for call_index in sorted(pending):
-            events.append(self.whole(index, pending[call_index]))
+            events.append(self.finished_call(index, pending[call_index]))
 
     @staticmethod
-    def whole(index: int, call: PendingCall) -> ToolCallDelta:
+    def finished_call(index: int, call: PendingCall) -> ToolCallDelta:
         return ToolCallDelta(
             index, call.call_index, call.id or new_call_id(), call.name, "".join(call.arguments)
         )

@@ -89,7 +89,7 @@ class ChatPipeline:
     async def answer(self, call: Call) -> Response:
         translator, runtime = self.translator, self.runtime
         request = translator.read(call.body)
-        request.trace = call.record.ids = Trace.of(call.request_id, call.headers)
+        request.trace = call.record.ids = Trace.from_request(call.request_id, call.headers)
         call.record.stream = request.stream
         deployment_name = call.headers.get(self.routing_header) if self.routing_header else None
         receive = call.receive if self.screens_media else None

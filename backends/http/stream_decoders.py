@@ -77,7 +77,7 @@ class LineBuffer:
         del data[:cut]
         return complete
 
-    def rest(self) -> bytes:
+    def remainder(self) -> bytes:
         rest = bytes(self.data) + (b"\n" if self.cr_held else b"")
         self.data.clear()
         self.cr_held = False
@@ -103,7 +103,7 @@ class SSEDecoder:
 
     def close(self) -> Iterator[bytes]:
         """The stream ended: what its last lines still hold."""
-        rest = self.buffer.rest()
+        rest = self.buffer.remainder()
         return self.payloads(rest) if rest else iter(())
 
     def payloads(self, data: bytes) -> Iterator[bytes]:
@@ -139,7 +139,7 @@ class JSONLinesDecoder:
         return self.lines(complete) if complete else iter(())
 
     def close(self) -> Iterator[bytes]:
-        rest = self.buffer.rest()
+        rest = self.buffer.remainder()
         return self.lines(rest) if rest else iter(())
 
     @staticmethod

@@ -79,8 +79,8 @@ class TGIBackend:
         except ValidationError as error:
             raise ConfigError(f"tgi backend options: {describe(error)}") from None
         self.model = model
-        self.tables = RouteTables.of(self.options)
-        self.parameters = self.tables.taken()
+        self.tables = RouteTables.for_options(self.options)
+        self.parameters = self.tables.accepted()
         self.capabilities = Capabilities(
             modalities=self.options.modalities,
             parameters=self.parameters,

@@ -152,7 +152,7 @@ class RouteTables:
     use_messages_api: Literal["auto"] | bool
 
     @classmethod
-    def of(cls, options: TGIOptions) -> RouteTables:
+    def for_options(cls, options: TGIOptions) -> RouteTables:
         return cls(messages_api_table(options), generate_api_table(options), options.use_messages_api)
 
     @property
@@ -164,7 +164,7 @@ class RouteTables:
             if param.target is not None and not self.messages.get(name, NOT_TAKEN).supported
         )
 
-    def taken(self) -> dict[str, Param]:
+    def accepted(self) -> dict[str, Param]:
         """What the deployment takes, whichever route serves a request (the policy checks this)."""
         if self.use_messages_api is True:
             return dict(self.messages)
@@ -179,4 +179,4 @@ class RouteTables:
 
 def parameter_table(options: TGIOptions) -> dict[str, Param]:
     """Canonical parameter → how this deployment takes it (what the policy checks)."""
-    return RouteTables.of(options).taken()
+    return RouteTables.for_options(options).accepted()

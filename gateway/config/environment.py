@@ -31,7 +31,7 @@ class Environment:
     proxies: Mapping[str, str] = field(default_factory=dict)  # the proxy variables that are set
 
     @classmethod
-    def of(cls, environ: Mapping[str, str]) -> Environment:
+    def from_environ(cls, environ: Mapping[str, str]) -> Environment:
         return cls(
             config_path=environ.get(CONFIG) or None,
             access_log=environ.get(ACCESS_LOG) == "1",

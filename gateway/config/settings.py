@@ -518,7 +518,7 @@ class Settings(Strict):
         min_length=1,
     )
     # what the process environment says, read when the settings are made (gateway/config/environment.py)
-    _environment: Environment = PrivateAttr(default_factory=lambda: Environment.of(os.environ))
+    _environment: Environment = PrivateAttr(default_factory=lambda: Environment.from_environ(os.environ))
 
     @property
     def environment(self) -> Environment:

@@ -120,7 +120,7 @@ class Source:
             raw = expand_references(raw, environ)
             if raw.get("keys_file"):
                 raw = {**raw, "keys": [*(raw.get("keys") or []), *self.keys_of_file(Path(raw["keys_file"]))]}
-            settings = Settings.model_validate(raw).in_environment(Environment.of(environ))
+            settings = Settings.model_validate(raw).in_environment(Environment.from_environ(environ))
             check_backends(settings)
         except ValidationError as error:
             raise ConfigError(f"invalid config {path}: {describe(error)}") from None

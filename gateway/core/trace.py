@@ -25,7 +25,7 @@ class Trace:
     sent_request_id: str = ""  # the gateway's own, the one the upstream gets: always a UUID
 
     @classmethod
-    def of(cls, request_id: str, headers: Mapping[str, str]) -> Trace:
+    def from_request(cls, request_id: str, headers: Mapping[str, str]) -> Trace:
         """The request's ids: the client's request id stays with the gateway (the access log, the
         answer's header), the upstream gets the gateway's own — a client's id may be anything an
         upstream refuses. The client's trace context is kept only when well-formed (it is sent

@@ -30,7 +30,7 @@ class Field:
     types: set[str] = field(default_factory=set)
     values: set[str] | None = None  # JSON texts of the enum values; None: not an enum
 
-    def said(self) -> str:
+    def description(self) -> str:
         kinds = ", ".join(sorted(self.types)) or "any"
         return kinds if self.values is None else f"{kinds}; enum: {', '.join(sorted(self.values))}"
 
@@ -150,9 +150,9 @@ def changes(old: dict[str, Any], new: dict[str, Any]) -> list[Change]:
     for path in sorted(before.keys() | after.keys()):
         was, now = before.get(path), after.get(path)
         if was is None and now is not None:
-            found.append(Change("added", path, now.said()))
+            found.append(Change("added", path, now.description()))
         elif now is None and was is not None:
-            found.append(Change("removed", path, was.said()))
+            found.append(Change("removed", path, was.description()))
         elif was is not None and now is not None:
             if was.types != now.types:
                 retyped = f"{', '.join(sorted(was.types)) or 'any'} → {', '.join(sorted(now.types)) or 'any'}"

@@ -277,7 +277,7 @@ def test_tgi_policy_table_is_the_route_tables():
     for name, param in either.items():
         assert param.supported == any(t.get(name, refused("-")).supported for t in (messages, generate))
         assert param in (messages.get(name), generate.get(name))
-    tables = tgi_tables.RouteTables.of(tgi_options.TGIOptions(**options))
+    tables = tgi_tables.RouteTables.for_options(tgi_options.TGIOptions(**options))
     assert tables.generate_only == ("top_k", "typical_p", "repetition_penalty", "truncate", "watermark")
 
 

@@ -67,7 +67,7 @@ def test_fields_follow_refs_items_and_combinators():
     fields = chat_fields(document)
     assert fields["request.messages[].role"].values == {'"user"', '"tool"'}
     assert fields["request.messages[].content"].types == {"string"}
-    assert fields["request.effort"].said() == 'string; enum: "high", "low"'
+    assert fields["request.effort"].description() == 'string; enum: "high", "low"'
     assert "response" in fields
 
 
