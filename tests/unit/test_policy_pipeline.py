@@ -9,7 +9,7 @@ import pytest
 
 from gateway.config.settings import Settings
 from gateway.policy.auth import new_key
-from gateway.policy.pipeline import ADMISSION, ANSWER_STREAM, ANSWER_USAGE, ROUTE
+from gateway.policy.pipeline import ADMISSION, ANSWER_ITEMS, ANSWER_USAGE, ROUTE
 from gateway.runtime import Runtime
 from tests.support.servers import ROOT
 
@@ -34,7 +34,7 @@ def test_the_readme_lists_the_pipelines_order():
     assert numbered_lists(POLICY_SECTION) == [
         [ROUTE.title, *(kind.title for kind in ADMISSION)],
         [kind.title for kind in ANSWER_USAGE],
-        [kind.title for kind in ANSWER_STREAM],
+        [kind.title for kind in ANSWER_ITEMS],
     ]
 
 
@@ -52,7 +52,7 @@ def test_a_deployment_with_no_policy_configured_runs_only_what_every_request_nee
     steps = runtime.pipeline.steps["plain"]
     assert kinds(steps.admission) == ALWAYS
     assert kinds(steps.screening) == [*kinds(steps.admission), "MediaScreen"]
-    assert steps.usage == [] and steps.stream == []
+    assert steps.usage == [] and steps.items == []
 
 
 @pytest.mark.parametrize(
@@ -84,4 +84,4 @@ def test_a_step_is_in_a_deployments_list_only_where_configured(configured, admis
     steps = runtime.pipeline.steps["plain"]
     assert [kind for kind in kinds(steps.admission) if kind not in ALWAYS] == admission
     assert kinds(steps.usage) == usage
-    assert kinds(steps.stream) == stream
+    assert kinds(steps.items) == stream
