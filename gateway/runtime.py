@@ -20,6 +20,10 @@ from gateway.telemetry.tracing import Tracing, create_tracing
 
 
 class Runtime:
+    """What one Settings built, for the requests begun on it: a reload builds the next and
+    retires this one when its requests have ended. It runs nothing itself: the chat flow calls
+    its policy pipeline, which hands an admitted request to its dispatcher."""
+
     def __init__(self, settings: Settings, previous: Runtime | None = None) -> None:
         """`previous`: the runtime a reload replaces; what did not change is taken over from it
         (deployments with their backends and health, the limit store and its counters, the
@@ -82,10 +86,10 @@ class Runtime:
 
     async def retire(self, successor: Runtime) -> None:
         """Close what this runtime had and its successor did not take over."""
-        taken = set(map(id, successor.router.deployments.values()))
-        for live in self.router.deployments.values():
-            if id(live) not in taken:
-                for replica in live.replicas:
+        kept = set(map(id, successor.router.deployments.values()))
+        for deployment in self.router.deployments.values():
+            if id(deployment) not in kept:
+                for replica in deployment.replicas:
                     await replica.backend.aclose()
         if self.limiter is not successor.limiter:
             await self.limiter.aclose()

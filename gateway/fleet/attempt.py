@@ -96,9 +96,9 @@ class Watchdog:
 class Attempt:
     """A request on one replica, from its start to its verdict.
 
-    `first()` waits for the first event (the time to first token); before it, a failure may be
+    `first_item()` waits for the first event (the time to first token); before it, a failure may be
     tried elsewhere (`failed`, `abandon`); after it, the dispatcher passes each item on inside
-    `async with attempt` (`noted`, then `following` for the next), which settles how it ended."""
+    `async with attempt` (`noted`, then `next_item`), which settles how it ended."""
 
     def __init__(
         self,
@@ -142,7 +142,7 @@ class Attempt:
         if self.span is not None:
             self.span.end()
 
-    async def first(self) -> Item | None:
+    async def first_item(self) -> Item | None:
         timeout = min(self.live.config.timeouts.first_token, self.deadline - time.monotonic())
         return await self.watchdog.next(self.events, timeout, "time to first token")
 
@@ -187,7 +187,7 @@ class Attempt:
                     charging = self.on_usage(event)
         return charging
 
-    def following(self) -> Awaitable[Item | None]:
+    def next_item(self) -> Awaitable[Item | None]:
         """The upstream's next item, within the idle timeout and what is left of the total."""
         remaining = self.deadline - time.monotonic()
         if remaining <= 0:

@@ -152,7 +152,7 @@ class Dispatcher:
                     # disconnect is heard (it cancels this task here).
                     await asyncio.sleep(0)
                     turn_at = clock() + TURN_SECONDS
-                item = await attempt.following()
+                item = await attempt.next_item()
 
     async def complete(
         self,
@@ -171,7 +171,7 @@ class Dispatcher:
                 if (charging := attempt.noted(item)) is not None:
                     await charging
                 take(item)
-                item = await attempt.following()
+                item = await attempt.next_item()
 
     async def started(
         self,
@@ -210,7 +210,7 @@ class Dispatcher:
                     live, replica, request, record, deadline, self.metrics, self.tracing, on_usage
                 )
                 try:
-                    first = await attempt.first()
+                    first = await attempt.first_item()
                 except NOT_RETRIED as error:
                     await attempt.failed(error, verdict="none")
                     attempt.end_span()

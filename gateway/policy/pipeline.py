@@ -137,17 +137,17 @@ class DeploymentSteps:
     item_ends: list[ItemStep]  # those that end
 
 
-def built(kinds: tuple[StepKind[Built], ...], policy: Policy, live: LiveDeployment) -> list[Built]:
+def steps_built(kinds: tuple[StepKind[Built], ...], policy: Policy, live: LiveDeployment) -> list[Built]:
     return [kind(policy, live) for kind in kinds if kind.needed(policy, live)]
 
 
 def steps_for(policy: Policy, live: LiveDeployment) -> DeploymentSteps:
-    screening = built(ADMISSION, policy, live)
-    items = built(ANSWER_ITEMS, policy, live)
+    screening = steps_built(ADMISSION, policy, live)
+    items = steps_built(ANSWER_ITEMS, policy, live)
     return DeploymentSteps(
         admission=[step for step in screening if not isinstance(step, MediaScreen)],
         screening=screening,
-        usage=built(ANSWER_USAGE, policy, live),
+        usage=steps_built(ANSWER_USAGE, policy, live),
         items=items,
         item_screens=[step for step in items if step.screens],
         item_ends=[step for step in items if step.ends],
