@@ -1,7 +1,8 @@
 """The chat request's one flow, the same for every dialect:
 
-    translator.read → runtime.admit (policy: gateway/policy/pipeline.py; images screened in
-    dialects that say so) → runtime.generate (router, dispatch, backend, the answer's policy)
+    translator.read → policy.admit (gateway/policy/pipeline.py; images screened in dialects
+    that say so) → policy.answer or policy.complete (router, dispatch, backend, the answer's
+    policy)
     → translator.completion, or translator.chunks framed as SSE / JSON lines
 
 The translator only translates and the runtime only decides; this module is the only one that
@@ -37,10 +38,11 @@ from gateway.core.ids import random_hex
 from gateway.core.trace import Trace
 from gateway.dialects.dialect import Dialect
 from gateway.dialects.translator import JSON, Answer, Translator
+from gateway.fleet.dispatch import QueueWait
 from gateway.http.call import Call
 from gateway.http.streaming import EventStreamResponse
-from gateway.runtime import Admission, Runtime
-from gateway.telemetry.record import RequestRecord
+from gateway.policy.admission import Admission
+from gateway.runtime import Runtime
 
 log = logging.getLogger("chatgate")
 
@@ -68,6 +70,7 @@ class ChatPipeline:
 
     def __init__(self, runtime: Runtime, dialect: Dialect, translator: Translator[Any]) -> None:
         self.runtime = runtime
+        self.policy = runtime.pipeline
         self.translator = translator
         self.routing_header = dialect.routing_header
         self.screens_media = dialect.screens_media
@@ -87,23 +90,23 @@ class ChatPipeline:
                 self.runtime.ended()
 
     async def answer(self, call: Call) -> Response:
-        translator, runtime = self.translator, self.runtime
+        translator, policy = self.translator, self.policy
         request = translator.read(call.body)
         request.trace = call.record.ids = Trace.from_request(call.request_id, call.headers)
         call.record.stream = request.stream
         deployment_name = call.headers.get(self.routing_header) if self.routing_header else None
         receive = call.receive if self.screens_media else None
-        admission = await runtime.admit(
+        admission = await policy.admit(
             request, call.headers, call.caller, call.record, deployment_name, receive
         )
         try:
             return await self.respond(call, request, admission)
         except BaseException:
-            await runtime.release(admission)  # ended before an answer could settle it
+            await policy.end(admission)  # ended before an answer could settle it
             raise
 
     async def respond(self, call: Call, request: ChatRequest, admission: Admission) -> Response:
-        translator, runtime = self.translator, self.runtime
+        translator, runtime, policy = self.translator, self.runtime, self.policy
         answer = Answer(
             id=translator.id_prefix + random_hex(),
             created=int(time.time()),
@@ -112,14 +115,13 @@ class ChatPipeline:
         )
         if not request.stream:
             whole = Folded(self.max_response_bytes)  # refuses an answer past the limit as it grows
-            await unless_client_leaves(
-                runtime.complete(admission, request, call.record, whole.add_item), call.receive, call.client
-            )
+            await unless_client_leaves(policy.complete(admission, whole.add_item), call.receive, call.client)
             completion = whole.completion()
             response = Response(orjson.dumps(translator.completion(answer, completion)), media_type=JSON)
             response.raw_headers += admission.headers
             return response
-        events = runtime.generate(admission, request, call.record)
+        queue = QueueWait()
+        events = policy.answer(admission, queue)
         # Hold the 200 until the first token: until then every failure is still an HTTP error
         # in the dialect's shape (a role-only first chunk or a keep-alive would have sent the
         # 200 and left the failure to an error event). Past the hold (for clients behind idle
@@ -129,7 +131,7 @@ class ChatPipeline:
         timeouts = admission.deployment.config.timeouts
         hold = timeouts.headers if framing.keepalive else None
         try:
-            await unless_client_leaves(until_started(first, hold, call.record), call.receive, call.client)
+            await unless_client_leaves(until_started(first, hold, queue), call.receive, call.client)
         except ClientGone:
             first.cancel()
             with contextlib.suppress(BaseException):
@@ -150,7 +152,7 @@ class ChatPipeline:
                     with contextlib.suppress(BaseException):  # off the generator before closing it
                         await first
                 await events.aclose()
-                await runtime.release(admission)
+                await policy.end(admission)
             finally:
                 runtime.ended()
 
@@ -226,9 +228,9 @@ class ChatPipeline:
             yield translator.framing.done
 
 
-async def until_started(first: asyncio.Future, hold: float | None, record: RequestRecord) -> None:
+async def until_started(first: asyncio.Future, hold: float | None, queue: QueueWait) -> None:
     """Until the first token, or `hold` seconds after a replica took the request: a request
     waiting in a queue for one has no status yet (its 503 must come before any byte of a 200)."""
     await asyncio.wait({first}, timeout=hold)
-    while record.queued and not first.done():
+    while queue.queued and not first.done():
         await asyncio.wait({first}, timeout=hold)

@@ -1,29 +1,29 @@
-"""The gateway's live state, built once from Settings; the policy each request goes through is
-`gateway/policy/pipeline.py`, which this runs."""
+"""The gateway's live state, built once from Settings (and again at each reload): the router,
+the limit store, the metrics, the keys, the dispatcher and the policy pipeline around it
+(`gateway/policy/pipeline.py`, which the chat flow calls)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Mapping
-
-from starlette.types import Receive
 
 from gateway.config.settings import Settings
-from gateway.core.canonical import ChatRequest, EventStream, Item
 from gateway.fleet.dispatch import Dispatcher
 from gateway.fleet.router import Router
-from gateway.policy.admission import Admission, Policy
-from gateway.policy.auth import Caller, KeyStore
+from gateway.policy.admission import Policy
+from gateway.policy.auth import KeyStore
 from gateway.policy.limits import Limiter
 from gateway.policy.pipeline import Pipeline
 from gateway.policy.stores import create_limiter
 from gateway.telemetry.metrics import Metrics, metrics_for
-from gateway.telemetry.record import RequestRecord
 from gateway.telemetry.tracing import Tracing, create_tracing
 
 
 class Runtime:
+    """What one Settings built, for the requests begun on it: a reload builds the next and
+    retires this one when its requests have ended. It runs nothing itself: the chat flow calls
+    its policy pipeline, which hands an admitted request to its dispatcher."""
+
     def __init__(self, settings: Settings, previous: Runtime | None = None) -> None:
         """`previous`: the runtime a reload replaces; what did not change is taken over from it
         (deployments with their backends and health, the limit store and its counters, the
@@ -50,7 +50,7 @@ class Runtime:
         )
         self.dispatcher = Dispatcher(self.metrics, self.router.rng, self.tracing)
         self.policy = Policy(settings, self.limiter)
-        self.pipeline = Pipeline(self.policy, self.router)
+        self.pipeline = Pipeline(self.policy, self.router, self.dispatcher)
         self.in_flight = 0  # chat requests begun on this runtime and not yet ended
         self.drained: asyncio.Event | None = None  # set when in_flight reaches 0, once asked for
 
@@ -78,44 +78,6 @@ class Runtime:
         """The most seconds a request may take here (its deployment's total timeout)."""
         return max(d.timeouts.total for d in self.settings.deployments)
 
-    def admit(
-        self,
-        request: ChatRequest,
-        headers: Mapping[str, str],
-        caller: Caller,
-        record: RequestRecord,
-        deployment_name: str | None = None,
-        receive: Receive | None = None,
-    ) -> Awaitable[Admission]:
-        """Apply policy; raise the GatewayError that refuses the request. `deployment_name` is
-        what a dialect's routing header named, if it has one; `receive` is given by the dialects
-        that screen media. (The pipeline's coroutine itself, not one more around it.)"""
-        return self.pipeline.admit(request, headers, caller, record, deployment_name, receive)
-
-    def generate(self, admission: Admission, request: ChatRequest, record: RequestRecord) -> EventStream:
-        """The backend's events (through retries, fallback and timeouts), with the answer's
-        policy steps."""
-        dispatcher, deployment = self.dispatcher, admission.deployment
-        return self.pipeline.answer(
-            admission, lambda on_usage: dispatcher.events(deployment, request, record, on_usage)
-        )
-
-    def complete(
-        self, admission: Admission, request: ChatRequest, record: RequestRecord, take: Callable[[Item], None]
-    ) -> Awaitable[None]:
-        """A whole answer (a request not streamed), handed to `take` item by item, with the
-        answer's policy steps."""
-        dispatcher, deployment = self.dispatcher, admission.deployment
-        return self.pipeline.complete(
-            admission,
-            lambda taking, on_usage: dispatcher.complete(deployment, request, record, taking, on_usage),
-            take,
-        )
-
-    def release(self, admission: Admission) -> Awaitable[None]:
-        """Give back a budget reservation no answer will settle; once settled, nothing."""
-        return self.pipeline.release(admission)
-
     async def aclose(self) -> None:
         await self.router.aclose()
         await self.limiter.aclose()
@@ -124,10 +86,10 @@ class Runtime:
 
     async def retire(self, successor: Runtime) -> None:
         """Close what this runtime had and its successor did not take over."""
-        taken = set(map(id, successor.router.deployments.values()))
-        for live in self.router.deployments.values():
-            if id(live) not in taken:
-                for replica in live.replicas:
+        kept = set(map(id, successor.router.deployments.values()))
+        for deployment in self.router.deployments.values():
+            if id(deployment) not in kept:
+                for replica in deployment.replicas:
                     await replica.backend.aclose()
         if self.limiter is not successor.limiter:
             await self.limiter.aclose()

@@ -3,7 +3,6 @@ of its events, the replica's health verdict, and the upstream's stream closed ho
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Literal
@@ -37,8 +36,6 @@ from gateway.telemetry.tracing import Tracing
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
-# Longest run of events relayed without giving the event loop a turn.
-TURN_SECONDS = 0.005
 # Upstream failures worth another replica: it is down, broken, or busy (connection errors, 5xx,
 # 429, timeouts). An upstream's 4xx is the request's own fault: never retried, no health mark.
 RETRYABLE = (BadGateway, ServiceUnavailable, TooManyRequests, GatewayTimeout)
@@ -72,13 +69,6 @@ def delivered_tokens(event: TextDelta | RefusalDelta | ToolCallDelta) -> int:
     return len(text.split()) or (1 if text else 0)
 
 
-def retry_after(error: GatewayError) -> float:
-    try:
-        return float(error.headers.get("Retry-After", 0))
-    except ValueError:
-        return 0.0
-
-
 class Watchdog:
     """Times the waits for an upstream's next event with one timer per stream, not one per event
     (gateway/core/deadline.py).
@@ -106,8 +96,9 @@ class Watchdog:
 class Attempt:
     """A request on one replica, from its start to its verdict.
 
-    `first()` waits for the first event (the time to first token); before it, a failure may be
-    tried elsewhere (`failed`, `abandon`); after it, `relay()` passes the rest on."""
+    `first_item()` waits for the first event (the time to first token); before it, a failure may be
+    tried elsewhere (`failed`, `abandon`); after it, the dispatcher passes each item on inside
+    `async with attempt` (`noted`, then `next_item`), which settles how it ended."""
 
     def __init__(
         self,
@@ -151,55 +142,27 @@ class Attempt:
         if self.span is not None:
             self.span.end()
 
-    async def first(self) -> Item | None:
+    async def first_item(self) -> Item | None:
         timeout = min(self.live.config.timeouts.first_token, self.deadline - time.monotonic())
         return await self.watchdog.next(self.events, timeout, "time to first token")
 
-    async def relay(self, first: Item | None) -> EventStream:
-        """The rest of a stream that has begun, passed on as it comes: idle and total timeouts,
-        health verdict. An answer that ends without its usage (the client gone, the upstream cut
-        or timed out) is charged what was relayed: the prompt as admission counted it, and the
-        tokens passed on (`delivered_tokens`)."""
-        item = first
-        clock = self.watchdog.loop.time
-        turn_at = clock() + TURN_SECONDS
-        try:
-            while item is not None:
-                if (charging := self.noted(item)) is not None:
-                    await charging
-                yield item
-                if clock() >= turn_at:
-                    # A backend with events ready (echo, a buffered upstream) and a client that
-                    # takes them without waiting (or has gone, so sends return at once) would
-                    # never suspend: give the loop a turn, so other requests are served and a
-                    # disconnect is heard (it cancels this task here).
-                    await asyncio.sleep(0)
-                    turn_at = clock() + TURN_SECONDS
-                item = await self.following()
-        except BaseException as error:
-            await self.ended_by(error)
-            raise
-        finally:
-            await self.charge_unseen()
-        self.succeeded()
+    async def __aenter__(self) -> Attempt:
+        return self
 
-    async def rest(self, first: Item | None, take: Callable[[Item], None]) -> None:
-        """The whole of an answer that has begun (a request not streamed), handed to `take` item
-        by item in the request's own task (which may refuse more: an answer too large), under
-        the same timeouts and verdicts as `relay`."""
-        item = first
+    async def __aexit__(self, kind: object, error: BaseException | None, traceback: object) -> None:
+        """However the answer that began ended (streamed or whole): the verdict and the upstream
+        closed on an error; an answer that ended without its usage (the client gone, the upstream
+        cut or timed out) charged what was relayed (`charge_unseen`); the span ended."""
         try:
-            while item is not None:
-                if (charging := self.noted(item)) is not None:
-                    await charging
-                take(item)
-                item = await self.following()
-        except BaseException as error:
-            await self.ended_by(error)
-            raise
+            try:
+                if error is not None:
+                    await self.ended_by(error)
+            finally:
+                await self.charge_unseen()
+            if error is None:
+                self.succeeded()
         finally:
-            await self.charge_unseen()
-        self.succeeded()
+            self.end_span()
 
     def noted(self, item: Item) -> Awaitable[None] | None:
         """What an item passing on tells the record and the bill: the first token, the tokens
@@ -224,7 +187,7 @@ class Attempt:
                     charging = self.on_usage(event)
         return charging
 
-    def following(self) -> Awaitable[Item | None]:
+    def next_item(self) -> Awaitable[Item | None]:
         """The upstream's next item, within the idle timeout and what is left of the total."""
         remaining = self.deadline - time.monotonic()
         if remaining <= 0:

@@ -29,6 +29,23 @@ def request_failed(error: GatewayError, replicas: int) -> GatewayError:
     return failure
 
 
+# Longest run of events relayed without giving the event loop a turn.
+TURN_SECONDS = 0.005
+OnUsage = Callable[[Usage], Awaitable[None]]  # hears an answer's usage as it passes (to charge it)
+Take = Callable[[Item], None]  # takes a whole answer's items, one by one
+
+
+class QueueWait:
+    """Whether a request waits in a deployment's queue for a replica with room: the dispatcher
+    says so, the chat flow reads it (a request that waits has no status yet; its 503 must come
+    before any byte of a 200)."""
+
+    __slots__ = ("queued",)
+
+    def __init__(self) -> None:
+        self.queued = False
+
+
 def retry_after(error: GatewayError) -> float:
     try:
         return float(error.headers.get("Retry-After", 0))
@@ -41,7 +58,9 @@ class Tries:
     those that failed it (blamed only if another then answers), when busy ones said to return,
     and its place in a deployment's queue."""
 
-    def __init__(self, deployment: LiveDeployment, record: RequestRecord, metrics: Metrics) -> None:
+    def __init__(
+        self, deployment: LiveDeployment, record: RequestRecord, metrics: Metrics, queue: QueueWait | None
+    ) -> None:
         retries = deployment.config.retries
         self.most = retries.attempts
         self.budget_ends = time.monotonic() + retries.budget
@@ -53,6 +72,7 @@ class Tries:
         self.busy_until: dict[str, float] = {}
         self.last_error: GatewayError | None = None
         self.queued_until: float | None = None  # on the loop's clock: the end of its wait for room
+        self.queue = queue
 
     @property
     def left(self) -> bool:
@@ -111,38 +131,55 @@ class Dispatcher:
         deployment: LiveDeployment,
         request: ChatRequest,
         record: RequestRecord,
-        on_usage: Callable[[Usage], Awaitable[None]] | None = None,
+        on_usage: OnUsage | None = None,
+        queue: QueueWait | None = None,
     ) -> EventStream:
-        """A stream's events; `on_usage` hears the usage as it passes (to charge for it)."""
-        attempt, first = await self.started(deployment, request, record, on_usage)
-        try:
-            async for item in attempt.relay(first):
+        """A stream's items, passed on as they come (one generator between the backend and the
+        answer's steps); `on_usage` hears the usage as it passes (to charge for it); `queue` says
+        while the request waits for a replica with room."""
+        attempt, item = await self.started(deployment, request, record, on_usage, queue)
+        clock = attempt.watchdog.loop.time
+        turn_at = clock() + TURN_SECONDS
+        async with attempt:
+            while item is not None:
+                if (charging := attempt.noted(item)) is not None:
+                    await charging
                 yield item
-        finally:
-            attempt.end_span()
+                if clock() >= turn_at:
+                    # A backend with events ready (echo, a buffered upstream) and a client that
+                    # takes them without waiting (or has gone, so sends return at once) would
+                    # never suspend: give the loop a turn, so other requests are served and a
+                    # disconnect is heard (it cancels this task here).
+                    await asyncio.sleep(0)
+                    turn_at = clock() + TURN_SECONDS
+                item = await attempt.next_item()
 
     async def complete(
         self,
         deployment: LiveDeployment,
         request: ChatRequest,
         record: RequestRecord,
-        take: Callable[[Item], None],
-        on_usage: Callable[[Usage], Awaitable[None]] | None = None,
+        take: Take,
+        on_usage: OnUsage | None = None,
     ) -> None:
         """A whole answer (a request not streamed), its items handed to `take` in the request's
-        own task: no generator between the backend's events and the handler."""
-        attempt, first = await self.started(deployment, request, record, on_usage)
-        try:
-            await attempt.rest(first, take)
-        finally:
-            attempt.end_span()
+        own task (which may refuse more: an answer too large), under the same timeouts and
+        verdicts as a stream: no generator between the backend's events and the handler."""
+        attempt, item = await self.started(deployment, request, record, on_usage, None)
+        async with attempt:
+            while item is not None:
+                if (charging := attempt.noted(item)) is not None:
+                    await charging
+                take(item)
+                item = await attempt.next_item()
 
     async def started(
         self,
         deployment: LiveDeployment,
         request: ChatRequest,
         record: RequestRecord,
-        on_usage: Callable[[Usage], Awaitable[None]] | None,
+        on_usage: OnUsage | None,
+        queue: QueueWait | None,
     ) -> tuple[Attempt, Item | None]:
         """The attempt that gave the answer's first event, and that event.
 
@@ -153,7 +190,7 @@ class Dispatcher:
         another. The failure is held against the replica only if another one then answers: a
         request that fails the same way everywhere it went is that request's failure."""
         deadline = time.monotonic() + deployment.config.timeouts.total
-        tries = Tries(deployment, record, self.metrics)
+        tries = Tries(deployment, record, self.metrics, queue)
         chain = deployment.chain()
         for live in chain:
             while tries.left:
@@ -173,7 +210,7 @@ class Dispatcher:
                     live, replica, request, record, deadline, self.metrics, self.tracing, on_usage
                 )
                 try:
-                    first = await attempt.first()
+                    first = await attempt.first_item()
                 except NOT_RETRIED as error:
                     await attempt.failed(error, verdict="none")
                     attempt.end_span()
@@ -210,12 +247,12 @@ class Dispatcher:
                 return None
             if tries.queued_until is None:
                 tries.queued_until = asyncio.get_running_loop().time() + live.queue.timeout
-                await self.wait_for_room(live, tries.record, tries.queued_until)
+                await self.wait_for_room(live, tries.queue, tries.queued_until)
             else:  # woken, and the room went to another (or is on a replica it left)
-                await self.wait_for_room(live, tries.record, tries.queued_until, again=True)
+                await self.wait_for_room(live, tries.queue, tries.queued_until, again=True)
 
     async def wait_for_room(
-        self, live: LiveDeployment, record: RequestRecord, until: float, again: bool = False
+        self, live: LiveDeployment, waiting: QueueWait | None, until: float, again: bool = False
     ) -> None:
         """Wait in the deployment's queue until a replica frees a slot; a 503 with Retry-After
         when the queue is full or the wait reaches `until`. `again`: woken before (and the slot
@@ -224,7 +261,8 @@ class Dispatcher:
         503, not 429: the deployment is busy, not this client over its own limits; clients and
         proxies retry a 503 with Retry-After elsewhere or later, as they do a busy upstream's."""
         queue = live.queue
-        record.queued = True
+        if waiting is not None:
+            waiting.queued = True
         self.metrics.waiting(live.name, +1)
         try:
             await queue.wait(until, first=again)
@@ -243,7 +281,8 @@ class Dispatcher:
                 headers={"Retry-After": str(live.drain_seconds())},
             ) from None
         finally:
-            record.queued = False
+            if waiting is not None:
+                waiting.queued = False
             self.metrics.waiting(live.name, -1)
 
     def choose(

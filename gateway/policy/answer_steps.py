@@ -1,21 +1,22 @@
-"""The answer's steps. Two kinds, each a small object with one method: a usage step's `apply`
-runs when the answer's usage passes (a plain method, which returns an awaitable only when the
-step must wait); a stream step's `wrap`
-stacks a layer on the answer's events, and its `taking` does the same for a whole answer's items
-on their way to the fold (a request not streamed). Each is built only where a deployment has something for
-it to do: every layer costs something on every chunk."""
+"""The answer's steps. Two kinds, each a small object: a usage step's `apply` runs when the
+answer's usage passes (a plain method, which returns an awaitable only when the step must wait);
+an item step is written once for a streamed and a whole answer alike: its `screen` gives what it
+does to each of one answer's items (or None: nothing), its `end` what it does when the answer has
+ended, however (or never began). Each is built only where a deployment has something for it to
+do: a screen costs something on every chunk."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from gateway.core.canonical import EventStream, Item, Usage
+from gateway.core.canonical import Item, Usage
 from gateway.fleet.router import LiveDeployment
 from gateway.policy.admission import Admission, Policy
 from gateway.policy.budgets import Reservation, used
 from gateway.policy.limits import Limiter
 
-Take = Callable[[Item], None]  # takes a whole answer's items, one by one
+# One answer's screen: an item as it passes on (changed, or as it was), or None: nothing of it.
+Screen = Callable[[Item], Item | None]
 
 
 class Cost:
@@ -83,6 +84,7 @@ class ReleaseUnsettled:
     """A reservation no usage settled (the answer failed) released when the answer ends."""
 
     title = "budgets released when unsettled"
+    screens, ends = False, True
 
     @staticmethod
     def needed(policy: Policy, live: LiveDeployment) -> bool:
@@ -91,21 +93,12 @@ class ReleaseUnsettled:
     def __init__(self, policy: Policy, live: LiveDeployment) -> None:
         self.limiter = policy.limiter
 
-    def wrap(self, admission: Admission, events: EventStream) -> EventStream:
+    def screen(self, admission: Admission) -> Screen | None:
+        return None
+
+    def end(self, admission: Admission) -> Awaitable[None] | None:
         held = admission.reservation
-        return events if held is None else released_when_done(self.limiter, held, events)
-
-    def taking(self, admission: Admission, take: Take) -> Take:
-        return take  # a whole answer's reservation is released where it is awaited
-
-
-async def released_when_done(limiter: Limiter, held: Reservation, events: EventStream) -> EventStream:
-    try:
-        async for event in events:
-            yield event
-    finally:
-        await events.aclose()
-        await release_unsettled(limiter, held)
+        return None if held is None or held.settled else release_unsettled(self.limiter, held)
 
 
 async def release_unsettled(limiter: Limiter, held: Reservation) -> None:
@@ -121,17 +114,17 @@ class OutputFilter:
     `content_filter`, cut before the match."""
 
     title = "output filter"
+    screens, ends = True, False
 
     @staticmethod
     def needed(policy: Policy, live: LiveDeployment) -> bool:
         return policy.content_filter.output is not None
 
     def __init__(self, policy: Policy, live: LiveDeployment) -> None:
-        self.screen = policy.content_filter.screen
-        self.screening = policy.content_filter.screening
+        self.content_filter = policy.content_filter
 
-    def wrap(self, admission: Admission, events: EventStream) -> EventStream:
-        return self.screen(events)
+    def screen(self, admission: Admission) -> Screen | None:
+        return self.content_filter.answer_screen()
 
-    def taking(self, admission: Admission, take: Take) -> Take:
-        return self.screening(take)
+    def end(self, admission: Admission) -> Awaitable[None] | None:
+        return None

@@ -12,7 +12,6 @@ from collections.abc import Callable
 from gateway.config.settings import ContentFilter, FilterRules
 from gateway.core.canonical import (
     Event,
-    EventStream,
     Finish,
     Item,
     RefusalDelta,
@@ -42,26 +41,18 @@ class Filter:
                 code="content_filter",
             )
 
-    async def screen(self, items: EventStream) -> EventStream:
-        """Pass events through, ending a choice at the first filtered text."""
-        assert self.output is not None, "stack screen() only when there are output rules"
+    def answer_screen(self) -> Callable[[Item], Item | None]:
+        """One answer's screen (streamed or whole): an item through the output rules, each
+        choice ended at its first filtered text; None when nothing of it passes."""
+        assert self.output is not None, "answer_screen() only when there are output rules"
         seen: dict[int, str] = {}
         stopped: set[int] = set()
-        async for item in items:
-            if screened := [out for event in each(item) for out in self.screened(event, seen, stopped)]:
-                yield screened
+        screened = self.screened
 
-    def screening(self, take: Callable[[Item], None]) -> Callable[[Item], None]:
-        """`take`, handed a whole answer's items through the output rules."""
-        assert self.output is not None, "screening() only when there are output rules"
-        seen: dict[int, str] = {}
-        stopped: set[int] = set()
+        def screen(item: Item) -> Item | None:
+            return [out for event in each(item) for out in screened(event, seen, stopped)] or None
 
-        def screened_take(item: Item) -> None:
-            if screened := [out for event in each(item) for out in self.screened(event, seen, stopped)]:
-                take(screened)
-
-        return screened_take
+        return screen
 
     def screened(self, event: Event, seen: dict[int, str], stopped: set[int]) -> list[Event]:
         """One event through the output rules: as it is, cut short, or not at all."""

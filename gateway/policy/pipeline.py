@@ -2,10 +2,11 @@
 
 Admission (before the backend is asked; each step may refuse the request):
     ROUTE picks the deployment; then ADMISSION, that deployment's steps, in this order.
-The answer (as it comes back):
+The answer (as it comes back), streamed or whole alike:
     ANSWER_USAGE — when the usage passes, in this order;
-    ANSWER_STREAM — layers stacked on the events, innermost first (for an answer not streamed,
-    the same steps see each item on its way to the fold, in the same order).
+    ANSWER_ITEMS — each item through their screens, in this order, and their ends when the
+    answer has ended (`screened`: one generator for all the screens of a stream;
+    `screened_take`: the same screens on a whole answer's way to the fold).
 (The README's "Policy" section lists the same order; tests/unit/test_policy_pipeline.py holds it.)
 
 Each deployment's lists are built once, when the runtime is (at start and at each reload),
@@ -14,13 +15,14 @@ steps called, an awaitable awaited only when a step returns one (it must wait)."
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from starlette.types import Receive
 
-from gateway.core.canonical import ChatRequest, EventStream, Usage
+from gateway.core.canonical import ChatRequest, EventStream, Item, Usage
+from gateway.fleet.dispatch import OnUsage, QueueWait, Take
 from gateway.fleet.router import LiveDeployment, Router
 from gateway.policy.admission import Admission, Policy
 from gateway.policy.admission_steps import (
@@ -40,9 +42,8 @@ from gateway.policy.answer_steps import (
     Cost,
     OutputFilter,
     ReleaseUnsettled,
+    Screen,
     SettleBudgets,
-    Take,
-    release_unsettled,
 )
 from gateway.policy.auth import Caller
 from gateway.telemetry.record import RequestRecord
@@ -56,15 +57,44 @@ class UsageStep(Protocol):
     def apply(self, admission: Admission, usage: Usage) -> Awaitable[None] | None: ...
 
 
-class StreamStep(Protocol):
-    def wrap(self, admission: Admission, events: EventStream) -> EventStream: ...
+class ItemStep(Protocol):
+    """A step on the answer's items, written once for a streamed and a whole answer."""
 
-    def taking(self, admission: Admission, take: Take) -> Take: ...
+    screens: bool  # whether `screen` may give one
+    ends: bool  # whether `end` may do something
+
+    def screen(self, admission: Admission) -> Screen | None:
+        """What it does to each of this answer's items; None: nothing."""
+
+    def end(self, admission: Admission) -> Awaitable[None] | None:
+        """What it does when the answer has ended, however (or never began)."""
+
+
+class Dispatch(Protocol):
+    """Where an admitted request goes for its answer (gateway/fleet/dispatch.py's Dispatcher):
+    a stream's items, or a whole answer's handed to `take`."""
+
+    def events(
+        self,
+        deployment: LiveDeployment,
+        request: ChatRequest,
+        record: RequestRecord,
+        on_usage: OnUsage | None = None,
+        queue: QueueWait | None = None,
+    ) -> EventStream: ...
+
+    def complete(
+        self,
+        deployment: LiveDeployment,
+        request: ChatRequest,
+        record: RequestRecord,
+        take: Take,
+        on_usage: OnUsage | None = None,
+    ) -> Awaitable[None]: ...
 
 
 Step = TypeVar("Step", covariant=True)
 Built = TypeVar("Built")
-OnUsage = Callable[[Usage], Awaitable[None]]
 
 
 class StepKind(Protocol[Step]):
@@ -92,7 +122,7 @@ ADMISSION: tuple[StepKind[AdmissionStep], ...] = (
     MediaScreen,
 )
 ANSWER_USAGE: tuple[StepKind[UsageStep], ...] = (Cost, ChargeTokenLimits, SettleBudgets)
-ANSWER_STREAM: tuple[StepKind[StreamStep], ...] = (ReleaseUnsettled, OutputFilter)
+ANSWER_ITEMS: tuple[StepKind[ItemStep], ...] = (ReleaseUnsettled, OutputFilter)
 
 
 @dataclass(slots=True)
@@ -102,29 +132,35 @@ class DeploymentSteps:
     admission: list[AdmissionStep]  # without the media screen
     screening: list[AdmissionStep]  # with it
     usage: list[UsageStep]
-    stream: list[StreamStep]
+    items: list[ItemStep]
+    item_screens: list[ItemStep]  # those of the item steps that screen items
+    item_ends: list[ItemStep]  # those that end
 
 
-def built(kinds: tuple[StepKind[Built], ...], policy: Policy, live: LiveDeployment) -> list[Built]:
+def steps_built(kinds: tuple[StepKind[Built], ...], policy: Policy, live: LiveDeployment) -> list[Built]:
     return [kind(policy, live) for kind in kinds if kind.needed(policy, live)]
 
 
 def steps_for(policy: Policy, live: LiveDeployment) -> DeploymentSteps:
-    screening = built(ADMISSION, policy, live)
+    screening = steps_built(ADMISSION, policy, live)
+    items = steps_built(ANSWER_ITEMS, policy, live)
     return DeploymentSteps(
         admission=[step for step in screening if not isinstance(step, MediaScreen)],
         screening=screening,
-        usage=built(ANSWER_USAGE, policy, live),
-        stream=built(ANSWER_STREAM, policy, live),
+        usage=steps_built(ANSWER_USAGE, policy, live),
+        items=items,
+        item_screens=[step for step in items if step.screens],
+        item_ends=[step for step in items if step.ends],
     )
 
 
 class Pipeline:
-    """Runs the steps: the route, then the routed deployment's lists."""
+    """Runs the steps: the route, then the routed deployment's lists, around the dispatch."""
 
-    def __init__(self, policy: Policy, router: Router) -> None:
+    def __init__(self, policy: Policy, router: Router, dispatch: Dispatch) -> None:
         self.policy = policy
         self.route = ROUTE(router)
+        self.dispatch = dispatch
         self.steps: Mapping[str, DeploymentSteps] = {
             name: steps_for(policy, live) for name, live in router.deployments.items()
         }
@@ -138,8 +174,9 @@ class Pipeline:
         routed_to: str | None = None,
         receive: Receive | None = None,
     ) -> Admission:
-        """The admission, or the GatewayError that refuses the request. `receive`: the client's
-        channel, given by the dialects that screen media (their steps include the screen)."""
+        """The admission, or the GatewayError that refuses the request. `routed_to`: the
+        deployment a dialect's routing header named, if any; `receive`: the client's channel,
+        given by the dialects that screen media (their steps include the screen)."""
         admission = Admission(request, headers, caller, record, routed_to, receive)
         self.route.apply(admission)
         steps = self.steps[admission.deployment.name]
@@ -148,40 +185,48 @@ class Pipeline:
                 if (waiting := step.apply(admission)) is not None:
                     await waiting
         except BaseException:
-            await self.release(admission)  # refused after its budgets were reserved
+            await self.end(admission)  # refused after its budgets were reserved
             raise
         return admission
 
-    async def release(self, admission: Admission) -> None:
-        """Give back a budget reservation no answer will settle (the request was refused or
-        ended before its answer began); once settled, nothing."""
-        if admission.reservation is not None:
-            await release_unsettled(self.policy.limiter, admission.reservation)
+    async def end(self, admission: Admission) -> None:
+        """The answer has ended, however, or never began (the request was refused, or ended
+        before its answer): the item steps' ends (a budget reservation no usage settled given
+        back). A stream's caller calls this when the stream has ended; a whole answer's is
+        called by `complete`."""
+        for step in self.steps[admission.deployment.name].item_ends:
+            if (waiting := step.end(admission)) is not None:
+                await waiting
 
-    def answer(self, admission: Admission, generate: Callable[[OnUsage | None], EventStream]) -> EventStream:
-        """The events `generate` gives, with the answer's steps: the usage steps run when the
-        usage passes, the stream steps stacked on the events."""
+    def answer(self, admission: Admission, queue: QueueWait | None = None) -> EventStream:
+        """The answer streamed, with the answer's steps: the usage steps run when the usage
+        passes, the item steps' screens on each item. `queue` says while the request waits for
+        a replica with room."""
         steps = self.steps[admission.deployment.name]
-        events = generate(usage_handler(steps.usage, admission) if steps.usage else None)
-        for step in steps.stream:
-            events = step.wrap(admission, events)
-        return events
+        on_usage = usage_handler(steps.usage, admission) if steps.usage else None
+        events = self.dispatch.events(
+            admission.deployment, admission.request, admission.record, on_usage, queue
+        )
+        screen = screen_of(steps.item_screens, admission) if steps.item_screens else None
+        return events if screen is None else screened(events, screen)
 
-    async def complete(
-        self, admission: Admission, complete: Callable[[Take, OnUsage | None], Awaitable[None]], take: Take
-    ) -> None:
-        """The whole answer `complete` hands over item by item (a request not streamed) to
-        `take`, with the answer's steps: the usage steps run when the usage passes, the stream
-        steps see each item before `take`; a reservation no usage settled is released however
-        it ends."""
+    async def complete(self, admission: Admission, take: Take) -> None:
+        """The whole answer (a request not streamed), handed over item by item to `take`, with
+        the same steps as a stream; the item steps' ends run however it ends."""
         steps = self.steps[admission.deployment.name]
-        for step in reversed(steps.stream):
-            take = step.taking(admission, take)
+        on_usage = usage_handler(steps.usage, admission) if steps.usage else None
+        screen = screen_of(steps.item_screens, admission) if steps.item_screens else None
         try:
-            await complete(take, usage_handler(steps.usage, admission) if steps.usage else None)
+            await self.dispatch.complete(
+                admission.deployment,
+                admission.request,
+                admission.record,
+                take if screen is None else screened_take(take, screen),
+                on_usage,
+            )
         finally:
-            if admission.reservation is not None:
-                await self.release(admission)
+            if steps.item_ends:
+                await self.end(admission)
 
 
 def usage_handler(steps: list[UsageStep], admission: Admission) -> OnUsage:
@@ -191,3 +236,41 @@ def usage_handler(steps: list[UsageStep], admission: Admission) -> OnUsage:
                 await waiting
 
     return on_usage
+
+
+def screen_of(steps: list[ItemStep], admission: Admission) -> Screen | None:
+    """One answer's screens as one: the item steps' screens, in order."""
+    if len(steps) == 1:
+        return steps[0].screen(admission)
+    screens = [screen for step in steps if (screen := step.screen(admission)) is not None]
+    if len(screens) <= 1:
+        return screens[0] if screens else None
+
+    def chained(item: Item) -> Item | None:
+        for screen in screens:
+            if (passed := screen(item)) is None:
+                return None
+            item = passed
+        return item
+
+    return chained
+
+
+async def screened(events: EventStream, screen: Screen) -> EventStream:
+    """A stream through its screen: one generator layer, however many steps screen it."""
+    try:
+        async for item in events:
+            if (passed := screen(item)) is not None:
+                yield passed
+    finally:
+        await events.aclose()
+
+
+def screened_take(take: Take, screen: Screen) -> Take:
+    """`take`, handed a whole answer's items through its screen."""
+
+    def take_screened(item: Item) -> None:
+        if (passed := screen(item)) is not None:
+            take(passed)
+
+    return take_screened

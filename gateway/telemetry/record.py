@@ -33,7 +33,6 @@ class RequestRecord:
     model: str = ""  # as the request named it (or the deployment's)
     backend: str = ""  # the kind of backend that answered
     span: Any = None  # its OpenTelemetry server span, when tracing is on
-    queued: bool = False  # waiting for a replica with room: its status is not known yet
 
     def first_token(self) -> None:
         if self.first_token_at is None:
