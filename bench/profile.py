@@ -50,27 +50,27 @@ SAMPLES_PER_SECOND = 400
 PARTS: tuple[tuple[str, str], ...] = (
     (
         "HTTP server: uvicorn, the edge, the event loop",
-        r"uvicorn/|gateway/edge|asyncio/(runners|events|base_events)|uvloop",
+        r"uvicorn/|gateway/server/|asyncio/(runners|events|base_events)|uvloop",
     ),
-    ("upstream HTTP client: aiohttp", r"aiohttp/|multidict|yarl|backends/upstream_client"),
+    ("upstream HTTP client: aiohttp", r"aiohttp/|multidict|yarl|backends/http/client"),
     ("backend: its request and answer", r"backends/"),
     (
         "front door: route, key, body read and validated",
-        r"gateway/(front_door|validation|call|app)\.py|connexion/|jsonschema|json/|urllib/",
+        r"gateway/http/(front_door|validation|call)\.py|gateway/app\.py|connexion/|jsonschema|json/|urllib/",
     ),
     ("translator: read, seed rules, render", r"gateway/dialects/|generated/|gateway/core/parameters"),
     ("policy steps", r"gateway/policy/|gateway/runtime\.py"),
     (
         "dispatch: attempt, timers, tasks",
-        r"gateway/(dispatch|attempt|router|wait_queue|disconnect)\.py|asyncio/(tasks|timeouts|locks)",
+        r"gateway/fleet/|gateway/core/disconnect|asyncio/(tasks|timeouts|locks)",
     ),
     (
         "answer: fold, stream, response",
-        r"gateway/(pipeline|streaming|framing)\.py|gateway/core/canonical|starlette/",
+        r"gateway/chat\.py|gateway/http/streaming|gateway/core/canonical|starlette/",
     ),
     (
         "records: metrics, access log, ids, trace",
-        r"gateway/(metrics|access_log|record|log_sink)\.py|gateway/core/(ids|trace)|prometheus_client",
+        r"gateway/telemetry/|gateway/core/(ids|trace)|prometheus_client",
     ),
 )
 OTHER = "other"

@@ -44,7 +44,7 @@ RETIRE_MARGIN = 5.0  # seconds past the longest request's limit before a retired
 JSON = "application/json"
 
 
-def gateway_endpoints(live: Live, lifecycle: Lifecycle) -> dict[str, Any]:
+def gateway_endpoints(current: CurrentRuntime, lifecycle: Lifecycle) -> dict[str, Any]:
     """The gateway's own endpoints, outside every dialect: path → handler."""
 
     async def health(call: Call) -> Response:
@@ -56,7 +56,7 @@ def gateway_endpoints(live: Live, lifecycle: Lifecycle) -> dict[str, Any]:
         gateway refuses requests without it (fail-closed). A deployment whose every replica is
         ejected makes it "degraded", still 200: its requests still try them (panic routing), and
         taking the gateway out of its load balancer would fail every other deployment too."""
-        runtime = live.runtime
+        runtime = current.runtime
         unhealthy = runtime.router.unhealthy()
         store_reachable = await runtime.limiter.reachable()
         limits = runtime.settings.rate_limits
@@ -75,13 +75,13 @@ def gateway_endpoints(live: Live, lifecycle: Lifecycle) -> dict[str, Any]:
             "unhealthy": unhealthy,
             "limit_store_reachable": store_reachable,
         }
-        if live.probes.results:  # what the deployments with `probe: true` were found to honour
-            body["probes"] = live.probes.summary()
+        if current.probes.results:  # what the deployments with `probe: true` were found to honour
+            body["probes"] = current.probes.summary()
         code = 200 if status in ("ready", "degraded") else 503
         return Response(orjson.dumps(body), status_code=code, media_type=JSON)
 
     async def metrics(call: Call) -> Response:
-        metrics = live.runtime.metrics
+        metrics = current.runtime.metrics
         return Response(metrics.exposition(), media_type=metrics.content_type)
 
     return {"/health": health, "/ready": ready, "/metrics": metrics}
@@ -98,7 +98,7 @@ def not_found(fallback: Translator[Any]) -> ASGIApp:
     return app
 
 
-class Live:
+class CurrentRuntime:
     """What requests are answered with now: the runtime, and the operations' handlers built on it.
     A reload builds the next from new settings and swaps it whole; requests in flight finish on
     the one they started with, and what the new one did not take over is closed when the last of
@@ -173,12 +173,12 @@ class Gateway:
     """The ASGI app, and what the server around it needs before it starts."""
 
     app: ASGIApp
-    live: Live
+    current: CurrentRuntime
     error_dialects: ErrorDialects  # renders the connection layer's own errors
 
     @property
     def metrics(self) -> Metrics:
-        return self.live.runtime.metrics  # the same object across reloads
+        return self.current.runtime.metrics  # the same object across reloads
 
 
 def create_app(
@@ -192,15 +192,15 @@ def build_gateway(
 ) -> Gateway:
     """Connexion's middleware with the front door in it. Connexion builds its middleware stack
     (and with it the front door, which compiles the documents' tables) when the ASGI server sends
-    the lifespan startup, before the first request; the front door then attaches to `Live`."""
+    the lifespan startup, before the first request; the front door then attaches to `CurrentRuntime`."""
     lifecycle = lifecycle or Lifecycle()
     mounted = [(DIALECTS[name], mount) for name, mount in settings.mounts.items() if mount is not None]
     translators = {
         dialect.name: dialect.translator(facts_of(load_document(dialect.document), dialect.chat_operations))
         for dialect, _ in mounted
     }
-    live = Live(settings, mounted, translators, lifecycle)
-    lifecycle.reload = live.reload
+    current = CurrentRuntime(settings, mounted, translators, lifecycle)
+    lifecycle.reload = current.reload
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Any) -> AsyncIterator[None]:
@@ -213,25 +213,25 @@ def build_gateway(
         # requests. Every 20,000 cost about 8% less CPU per request in the benchmark.
         gc.set_threshold(YOUNG_GC_THRESHOLD, *gc.get_threshold()[1:])
         return_large_blocks()  # a large answer's memory goes back to the system (gateway/core/memory.py)
-        live.probes.start()  # in the background: start waits for none of it
-        if (said := await live.runtime.limiter.started()) is not None:
+        current.probes.start()  # in the background: start waits for none of it
+        if (said := await current.runtime.limiter.started()) is not None:
             log.log(*said)  # once per worker: where the limit store is, and whether it answers
         yield
-        await live.probes.aclose()
-        await live.runtime.aclose()
+        await current.probes.aclose()
+        await current.runtime.aclose()
 
     fallback = translators.get("openai") or next(iter(translators.values()), None)
     fallback = fallback or DIALECTS["openai"].translator(DocumentFacts(frozenset()))
     error_dialects = ErrorDialects([(mount, translators[d.name]) for d, mount in mounted], fallback)
     front_door = functools.partial(
         FrontDoor,
-        key_store=live.runtime.keys,
-        metrics=live.runtime.metrics,
+        key_store=current.runtime.keys,
+        metrics=current.runtime.metrics,
         access_log=access_log or AccessLog(None),
         max_body_bytes=settings.server.max_body_bytes,
         error_dialects=error_dialects,
-        tracing=live.runtime.tracing,
-        on_built=live.attach,
+        tracing=current.runtime.tracing,
+        on_built=current.attach,
     )
     app = ConnexionMiddleware(
         not_found(fallback),
@@ -253,10 +253,10 @@ def build_gateway(
             document=document,
             name=dialect.name,
             translator=translators[dialect.name],
-            handlers={op: live.handler(dialect.name, op) for op in operation_ids},
+            handlers={op: current.handler(dialect.name, op) for op in operation_ids},
             dialect=dialect.name,
         )
-    return Gateway(app, live, error_dialects)
+    return Gateway(app, current, error_dialects)
 
 
 def facts_of(document: dict[str, Any], chat_operations: tuple[str, ...]) -> DocumentFacts:

@@ -28,7 +28,7 @@ from gateway.core.errors import (
     UpstreamRefused,
     UpstreamUnreachable,
 )
-from gateway.fleet.router import LiveDeployment, Replica
+from gateway.fleet.router import Replica, RoutedDeployment
 from gateway.telemetry.metrics import Metrics
 from gateway.telemetry.record import RequestRecord
 from gateway.telemetry.tracing import Tracing
@@ -102,7 +102,7 @@ class Attempt:
 
     def __init__(
         self,
-        live: LiveDeployment,
+        routed: RoutedDeployment,
         replica: Replica,
         request: ChatRequest,
         record: RequestRecord,
@@ -111,15 +111,15 @@ class Attempt:
         tracing: Tracing | None,
         on_usage: Callable[[Usage], Awaitable[None]] | None,
     ) -> None:
-        self.live, self.replica = live, replica
+        self.deployment, self.replica = routed, replica
         self.request, self.record = request, record
         self.deadline = deadline
         self.metrics = metrics
         self.on_usage = on_usage
-        record.deployment, record.replica = live.name, replica.name
+        record.deployment, record.replica = routed.name, replica.name
         replica.started()
         self.begun = time.monotonic()
-        metrics.replica_health(live.name, replica)
+        metrics.replica_health(routed.name, replica)
         self.span = self.start_span(tracing)
         self.events = replica.backend.generate(request)
         self.watchdog = Watchdog()
@@ -131,9 +131,11 @@ class Attempt:
         traceparent (with tracing off, the client's own goes on as it came)."""
         if tracing is None or self.record.span is None:
             return None
-        live, request = self.live, self.request
-        model = request.model or live.model
-        span = tracing.client_span(self.record.span, live.name, self.replica.name, live.config.backend, model)
+        routed, request = self.deployment, self.request
+        model = request.model or routed.model
+        span = tracing.client_span(
+            self.record.span, routed.name, self.replica.name, routed.config.backend, model
+        )
         carried = tracing.traceparent(span)
         request.trace.traceparent = carried.get("traceparent", request.trace.traceparent)
         return span
@@ -143,7 +145,7 @@ class Attempt:
             self.span.end()
 
     async def first_item(self) -> Item | None:
-        timeout = min(self.live.config.timeouts.first_token, self.deadline - time.monotonic())
+        timeout = min(self.deployment.config.timeouts.first_token, self.deadline - time.monotonic())
         return await self.watchdog.next(self.events, timeout, "time to first token")
 
     async def __aenter__(self) -> Attempt:
@@ -192,7 +194,7 @@ class Attempt:
         remaining = self.deadline - time.monotonic()
         if remaining <= 0:
             raise GatewayTimeout("The request took longer than its total time.", code="TotalTimeout")
-        idle = self.live.config.timeouts.idle
+        idle = self.deployment.config.timeouts.idle
         what = "idle between chunks" if idle <= remaining else "total time"
         return self.watchdog.next(self.events, min(idle, remaining), what)
 
@@ -222,7 +224,7 @@ class Attempt:
     def succeeded(self) -> None:
         self.watchdog.stop()
         self.replica.succeeded(time.monotonic() - self.begun)
-        self.metrics.replica_health(self.live.name, self.replica)
+        self.metrics.replica_health(self.deployment.name, self.replica)
 
     def span_failed(self, error: GatewayError) -> None:
         if self.span is not None:
@@ -245,8 +247,8 @@ class Attempt:
             replica.failed()
         else:
             replica.finished_without_verdict()
-        self.metrics.upstream_error(self.live.name, replica.name, error)
-        self.metrics.replica_health(self.live.name, replica)
+        self.metrics.upstream_error(self.deployment.name, replica.name, error)
+        self.metrics.replica_health(self.deployment.name, replica)
         await self.events.aclose()
 
     async def abandon(self) -> None:

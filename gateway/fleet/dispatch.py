@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from gateway.core.canonical import ChatRequest, EventStream, Item, Usage
 from gateway.core.errors import GatewayError, GatewayTimeout, ServiceUnavailable
 from gateway.fleet.attempt import NOT_RETRIED, RETRYABLE, Attempt, verdict_of
-from gateway.fleet.router import LiveDeployment, Replica
+from gateway.fleet.router import Replica, RoutedDeployment
 from gateway.fleet.wait_queue import QueueFull
 from gateway.telemetry.metrics import Metrics
 from gateway.telemetry.record import RequestRecord
@@ -59,7 +59,7 @@ class Tries:
     and its place in a deployment's queue."""
 
     def __init__(
-        self, deployment: LiveDeployment, record: RequestRecord, metrics: Metrics, queue: QueueWait | None
+        self, deployment: RoutedDeployment, record: RequestRecord, metrics: Metrics, queue: QueueWait | None
     ) -> None:
         retries = deployment.config.retries
         self.most = retries.attempts
@@ -68,7 +68,7 @@ class Tries:
         self.count = 0
         self.tried: set[str] = set()
         self.never_again: set[str] = set()  # replicas this request does not go back to
-        self.suspects: list[tuple[LiveDeployment, Replica]] = []
+        self.suspects: list[tuple[RoutedDeployment, Replica]] = []
         self.busy_until: dict[str, float] = {}
         self.last_error: GatewayError | None = None
         self.queued_until: float | None = None  # on the loop's clock: the end of its wait for room
@@ -89,7 +89,7 @@ class Tries:
             if wait > 0:
                 await asyncio.sleep(wait)
 
-    def failed(self, error: GatewayError, live: LiveDeployment, replica: Replica) -> None:
+    def failed(self, error: GatewayError, routed: RoutedDeployment, replica: Replica) -> None:
         """Before its first event, an attempt failed in a way worth another: raises when this
         request has no try left, or when it failed a second replica the same way (then it is the
         request's own failure)."""
@@ -99,7 +99,7 @@ class Tries:
         if verdict == "failed":
             if self.suspects:
                 raise request_failed(error, len(self.suspects) + 1) from None
-            self.suspects.append((live, replica))
+            self.suspects.append((routed, replica))
         self.last_error = error
         wait = retry_after(error)
         if time.monotonic() + wait >= self.budget_ends or not self.left:
@@ -107,16 +107,16 @@ class Tries:
         if wait:
             self.busy_until[replica.name] = time.monotonic() + wait
         self.record.retries += 1
-        self.metrics.retry(live.name)
+        self.metrics.retry(routed.name)
 
     def failure(self, error: GatewayError) -> GatewayError:
         return request_failed(error, len(self.suspects)) if self.suspects else error
 
     def answered(self) -> None:
         """Another replica answered: those that failed this request are to blame."""
-        for live, suspect in self.suspects:
+        for routed, suspect in self.suspects:
             suspect.count_failure()
-            self.metrics.replica_health(live.name, suspect)
+            self.metrics.replica_health(routed.name, suspect)
         self.suspects.clear()
 
 
@@ -128,7 +128,7 @@ class Dispatcher:
 
     async def events(
         self,
-        deployment: LiveDeployment,
+        deployment: RoutedDeployment,
         request: ChatRequest,
         record: RequestRecord,
         on_usage: OnUsage | None = None,
@@ -156,7 +156,7 @@ class Dispatcher:
 
     async def complete(
         self,
-        deployment: LiveDeployment,
+        deployment: RoutedDeployment,
         request: ChatRequest,
         record: RequestRecord,
         take: Take,
@@ -175,7 +175,7 @@ class Dispatcher:
 
     async def started(
         self,
-        deployment: LiveDeployment,
+        deployment: RoutedDeployment,
         request: ChatRequest,
         record: RequestRecord,
         on_usage: OnUsage | None,
@@ -192,22 +192,24 @@ class Dispatcher:
         deadline = time.monotonic() + deployment.config.timeouts.total
         tries = Tries(deployment, record, self.metrics, queue)
         chain = deployment.chain()
-        for live in chain:
+        for routed in chain:
             while tries.left:
-                last_resort = live is chain[-1]
+                last_resort = routed is chain[-1]
                 # at once when a replica has room and nobody waits (no coroutine for the rest)
                 replica = (
-                    self.choose(live, tries.tried, tries.never_again, last_resort) if not live.queue else None
+                    self.choose(routed, tries.tried, tries.never_again, last_resort)
+                    if not routed.queue
+                    else None
                 )
                 if replica is None:
-                    replica = await self.replica_for(live, tries, last_resort)
+                    replica = await self.replica_for(routed, tries, last_resort)
                     if replica is None:
                         break
                 if tries.busy_until:
                     await tries.wait_if_busy(replica)
                 tries.begin(replica)
                 attempt = Attempt(
-                    live, replica, request, record, deadline, self.metrics, self.tracing, on_usage
+                    routed, replica, request, record, deadline, self.metrics, self.tracing, on_usage
                 )
                 try:
                     first = await attempt.first_item()
@@ -218,7 +220,7 @@ class Dispatcher:
                 except RETRYABLE as error:
                     await attempt.failed(error, verdict_of(error))
                     attempt.end_span()
-                    tries.failed(error, live, replica)
+                    tries.failed(error, routed, replica)
                     continue
                 except BaseException:
                     await attempt.abandon()
@@ -234,25 +236,25 @@ class Dispatcher:
             headers={"Retry-After": str(max(1, int(deployment.config.health.cooldown)))},
         )
 
-    async def replica_for(self, live: LiveDeployment, tries: Tries, last_resort: bool) -> Replica | None:
-        """The replica for the next attempt on `live`, after waiting in its queue when every
-        replica is full; None when `live` has none to offer (the chain goes on)."""
+    async def replica_for(self, routed: RoutedDeployment, tries: Tries, last_resort: bool) -> Replica | None:
+        """The replica for the next attempt on `routed`, after waiting in its queue when every
+        replica is full; None when `routed` has none to offer (the chain goes on)."""
         while True:
             # a new request does not pass those already waiting
-            behind = tries.queued_until is None and len(live.queue) > 0
-            replica = None if behind else self.choose(live, tries.tried, tries.never_again, last_resort)
+            behind = tries.queued_until is None and len(routed.queue) > 0
+            replica = None if behind else self.choose(routed, tries.tried, tries.never_again, last_resort)
             if replica is not None:
                 return replica
-            if not behind and not live.full(tries.never_again):
+            if not behind and not routed.full(tries.never_again):
                 return None
             if tries.queued_until is None:
-                tries.queued_until = asyncio.get_running_loop().time() + live.queue.timeout
-                await self.wait_for_room(live, tries.queue, tries.queued_until)
+                tries.queued_until = asyncio.get_running_loop().time() + routed.queue.timeout
+                await self.wait_for_room(routed, tries.queue, tries.queued_until)
             else:  # woken, and the room went to another (or is on a replica it left)
-                await self.wait_for_room(live, tries.queue, tries.queued_until, again=True)
+                await self.wait_for_room(routed, tries.queue, tries.queued_until, again=True)
 
     async def wait_for_room(
-        self, live: LiveDeployment, waiting: QueueWait | None, until: float, again: bool = False
+        self, routed: RoutedDeployment, waiting: QueueWait | None, until: float, again: bool = False
     ) -> None:
         """Wait in the deployment's queue until a replica frees a slot; a 503 with Retry-After
         when the queue is full or the wait reaches `until`. `again`: woken before (and the slot
@@ -260,42 +262,42 @@ class Dispatcher:
 
         503, not 429: the deployment is busy, not this client over its own limits; clients and
         proxies retry a 503 with Retry-After elsewhere or later, as they do a busy upstream's."""
-        queue = live.queue
+        queue = routed.queue
         if waiting is not None:
             waiting.queued = True
-        self.metrics.waiting(live.name, +1)
+        self.metrics.waiting(routed.name, +1)
         try:
             await queue.wait(until, first=again)
         except QueueFull:
             raise ServiceUnavailable(
-                f"Every replica of '{live.name}' is busy and {len(queue)} requests wait already; "
+                f"Every replica of '{routed.name}' is busy and {len(queue)} requests wait already; "
                 "try again later.",
                 code="QueueFull",
-                headers={"Retry-After": str(live.drain_seconds())},
+                headers={"Retry-After": str(routed.drain_seconds())},
             ) from None
         except TimeoutError:
             raise ServiceUnavailable(
-                f"No replica of '{live.name}' had room for the request within "
+                f"No replica of '{routed.name}' had room for the request within "
                 f"{queue.timeout:g} s; try again later.",
                 code="QueueTimeout",
-                headers={"Retry-After": str(live.drain_seconds())},
+                headers={"Retry-After": str(routed.drain_seconds())},
             ) from None
         finally:
             if waiting is not None:
                 waiting.queued = False
-            self.metrics.waiting(live.name, -1)
+            self.metrics.waiting(routed.name, -1)
 
     def choose(
-        self, live: LiveDeployment, tried: set[str], never_again: set[str], last_resort: bool
+        self, routed: RoutedDeployment, tried: set[str], never_again: set[str], last_resort: bool
     ) -> Replica | None:
         """The next replica to try: one not tried yet; on the last deployment of the chain, one
         tried already (it may have been a blip), and with every replica ejected, one anyway
         (panic routing: an upstream that is back serves at once, not after its cool-down)."""
-        replica = live.pick(tried | never_again, self.rng)
+        replica = routed.pick(tried | never_again, self.rng)
         if replica is None and last_resort:
-            replica = live.pick(never_again, self.rng)
+            replica = routed.pick(never_again, self.rng)
             if replica is None:
-                replica = live.pick_ejected(tried, never_again, self.rng)
+                replica = routed.pick_ejected(tried, never_again, self.rng)
                 if replica is not None:
-                    self.metrics.panic(live.name)
+                    self.metrics.panic(routed.name)
         return replica

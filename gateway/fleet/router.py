@@ -100,12 +100,12 @@ class Replica:
 
 
 @dataclass(slots=True)
-class LiveDeployment:
+class RoutedDeployment:
     config: Deployment
     replicas: list[Replica]
     capabilities: Capabilities = field(init=False)
     queue: WaitQueue = field(init=False)
-    fallbacks: list[LiveDeployment] = field(default_factory=list)
+    fallbacks: list[RoutedDeployment] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.capabilities = effective(self.replicas[0].backend.capabilities, self.config.capabilities)
@@ -157,7 +157,7 @@ class LiveDeployment:
             return 1
         return max(1, math.ceil((len(self.queue) + 1) / pace))
 
-    def chain(self) -> list[LiveDeployment]:
+    def chain(self) -> list[RoutedDeployment]:
         """This deployment, then its fallbacks in preference order."""
         return [self, *self.fallbacks]
 
@@ -181,7 +181,7 @@ class Router:
     def __init__(
         self,
         deployments: list[Deployment],
-        kept: Mapping[str, LiveDeployment] | None = None,
+        kept: Mapping[str, RoutedDeployment] | None = None,
         proxy_environment: Mapping[str, str] | None = None,
     ) -> None:
         """`kept`: a previous router's deployments, reused where their config is unchanged (a
@@ -193,20 +193,20 @@ class Router:
             d.name: kept[d.name] if d.name in kept and kept[d.name].config == d else self.build(d, proxies)
             for d in deployments
         }
-        for live in self.deployments.values():
-            live.fallbacks = [self.deployments[name] for name in live.config.fallback]
-        self.by_model: dict[str, LiveDeployment] = {}
-        self.catch_all: LiveDeployment | None = None
-        for live in self.deployments.values():
-            for model in (live.name, live.model, *live.config.models):
+        for routed in self.deployments.values():
+            routed.fallbacks = [self.deployments[name] for name in routed.config.fallback]
+        self.by_model: dict[str, RoutedDeployment] = {}
+        self.catch_all: RoutedDeployment | None = None
+        for routed in self.deployments.values():
+            for model in (routed.name, routed.model, *routed.config.models):
                 if model == WILDCARD:
-                    self.catch_all = self.catch_all or live
+                    self.catch_all = self.catch_all or routed
                 else:
-                    self.by_model.setdefault(model, live)
+                    self.by_model.setdefault(model, routed)
         self.rng = random.Random()
 
     @staticmethod
-    def build(config: Deployment, proxy_environment: Mapping[str, str]) -> LiveDeployment:
+    def build(config: Deployment, proxy_environment: Mapping[str, str]) -> RoutedDeployment:
         replicas = []
         limits = config.max_concurrent()
         for (name, weight, options), limit in zip(config.replica_options(), limits, strict=True):
@@ -226,34 +226,34 @@ class Router:
                     limit=min(limit, pool) if pool else limit,
                 )
             )  # fmt: skip
-        return LiveDeployment(config, replicas)
+        return RoutedDeployment(config, replicas)
 
     def model_names(self, visible: Callable[[str], bool] = lambda deployment: True) -> list[str]:
         """The models served, those of deployments `visible` lets through (a key's)."""
-        return [model for model, live in self.by_model.items() if visible(live.name)]
+        return [model for model, routed in self.by_model.items() if visible(routed.name)]
 
     @property
-    def default(self) -> LiveDeployment:
+    def default(self) -> RoutedDeployment:
         return next(iter(self.deployments.values()))
 
-    def route(self, model: str | None, deployment_name: str | None = None) -> LiveDeployment:
+    def route(self, model: str | None, deployment_name: str | None = None) -> RoutedDeployment:
         if deployment_name:
-            live = self.deployments.get(deployment_name)
-            if live is None:
+            routed = self.deployments.get(deployment_name)
+            if routed is None:
                 raise DeploymentNotFound(deployment_name)
-            return live
+            return routed
         if model is None:  # dialects where `model` is optional: the first deployment serves
             return self.default
-        live = self.by_model.get(model) or self.catch_all
-        if live is None:
+        routed = self.by_model.get(model) or self.catch_all
+        if routed is None:
             raise ModelNotFound(model)
-        return live
+        return routed
 
     def unhealthy(self) -> list[str]:
         """Deployments with no healthy replica (for /ready: degraded; requests still try them)."""
-        return [name for name, live in self.deployments.items() if not live.healthy]
+        return [name for name, routed in self.deployments.items() if not routed.healthy]
 
     async def aclose(self) -> None:
-        for live in self.deployments.values():
-            for replica in live.replicas:
+        for routed in self.deployments.values():
+            for replica in routed.replicas:
                 await replica.backend.aclose()

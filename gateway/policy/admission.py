@@ -11,7 +11,7 @@ from starlette.types import Receive
 from gateway.config.settings import Settings
 from gateway.core.canonical import ChatRequest
 from gateway.core.token_count import PromptCounter
-from gateway.fleet.router import LiveDeployment
+from gateway.fleet.router import RoutedDeployment
 from gateway.policy.auth import Caller
 from gateway.policy.budgets import Reservation
 from gateway.policy.content_filter import Filter
@@ -31,7 +31,7 @@ class Admission:
     record: RequestRecord
     routed_to: str | None = None  # the deployment a dialect's routing header named, if any
     receive: Receive | None = None  # to hear the client go away (while images are fetched)
-    deployment: LiveDeployment = field(init=False)  # set by the first step, the route
+    deployment: RoutedDeployment = field(init=False)  # set by the first step, the route
     prompt_tokens: int = 0  # as estimated (or counted) at admission
     buckets: list[Bucket] = field(default_factory=list)
     headers: RawHeaders = field(default_factory=list)  # sent with the answer: x-ratelimit-*

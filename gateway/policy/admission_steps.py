@@ -13,7 +13,7 @@ from gateway.config.settings import Key
 from gateway.core.disconnect import unless_client_leaves
 from gateway.core.errors import DeploymentForbidden
 from gateway.core.token_count import estimate
-from gateway.fleet.router import LiveDeployment, Router
+from gateway.fleet.router import RoutedDeployment, Router
 from gateway.policy import capabilities
 from gateway.policy.admission import Admission, Policy
 from gateway.policy.budgets import accounts, exhausted, most_generated, reservation
@@ -45,10 +45,10 @@ class KeyMayUse:
     title = "key may use it"
 
     @staticmethod
-    def needed(policy: Policy, live: LiveDeployment) -> bool:
+    def needed(policy: Policy, routed: RoutedDeployment) -> bool:
         return policy.keyed
 
-    def __init__(self, policy: Policy, live: LiveDeployment) -> None:
+    def __init__(self, policy: Policy, routed: RoutedDeployment) -> None:
         pass
 
     def apply(self, admission: Admission) -> None:
@@ -65,11 +65,11 @@ class ExtraParameters:
     title = "extra parameters"
 
     @staticmethod
-    def needed(policy: Policy, live: LiveDeployment) -> bool:
+    def needed(policy: Policy, routed: RoutedDeployment) -> bool:
         return True  # the request's header may ask for a policy of its own
 
-    def __init__(self, policy: Policy, live: LiveDeployment) -> None:
-        self.default = live.config.extra_parameters
+    def __init__(self, policy: Policy, routed: RoutedDeployment) -> None:
+        self.default = routed.config.extra_parameters
 
     def apply(self, admission: Admission) -> None:
         chosen = resolve_policy(admission.asked.get(EXTRA_PARAMS_HEADER), self.default)
@@ -83,11 +83,11 @@ class CountPrompt:
     title = "count the prompt"
 
     @staticmethod
-    def needed(policy: Policy, live: LiveDeployment) -> bool:
+    def needed(policy: Policy, routed: RoutedDeployment) -> bool:
         return True  # the capabilities, limits and budgets read the count
 
-    def __init__(self, policy: Policy, live: LiveDeployment) -> None:
-        self.counter = policy.counters[live.name]
+    def __init__(self, policy: Policy, routed: RoutedDeployment) -> None:
+        self.counter = policy.counters[routed.name]
 
     def apply(self, admission: Admission) -> Awaitable[None] | None:
         """Estimated at once; counted with a tokenizer (in a thread, for a long prompt)."""
@@ -108,10 +108,10 @@ class CheckCapabilities:
     title = "capabilities"
 
     @staticmethod
-    def needed(policy: Policy, live: LiveDeployment) -> bool:
+    def needed(policy: Policy, routed: RoutedDeployment) -> bool:
         return True
 
-    def __init__(self, policy: Policy, live: LiveDeployment) -> None:
+    def __init__(self, policy: Policy, routed: RoutedDeployment) -> None:
         pass
 
     def apply(self, admission: Admission) -> None:
@@ -126,10 +126,10 @@ class DefaultMaxTokens:
     title = "default max_tokens"
 
     @staticmethod
-    def needed(policy: Policy, live: LiveDeployment) -> bool:
-        return live.capabilities.default_max_tokens is not None
+    def needed(policy: Policy, routed: RoutedDeployment) -> bool:
+        return routed.capabilities.default_max_tokens is not None
 
-    def __init__(self, policy: Policy, live: LiveDeployment) -> None:
+    def __init__(self, policy: Policy, routed: RoutedDeployment) -> None:
         pass
 
     def apply(self, admission: Admission) -> None:
@@ -144,10 +144,10 @@ class PromptFilter:
     title = "content filter (prompt)"
 
     @staticmethod
-    def needed(policy: Policy, live: LiveDeployment) -> bool:
+    def needed(policy: Policy, routed: RoutedDeployment) -> bool:
         return policy.content_filter.input is not None
 
-    def __init__(self, policy: Policy, live: LiveDeployment) -> None:
+    def __init__(self, policy: Policy, routed: RoutedDeployment) -> None:
         self.check = policy.content_filter.check_prompt
 
     def apply(self, admission: Admission) -> None:
@@ -161,13 +161,13 @@ class RateLimits:
     title = "rate limits"
 
     @staticmethod
-    def needed(policy: Policy, live: LiveDeployment) -> bool:
-        return policy.key_limited or bool(policy.deployment_limits[live.name])
+    def needed(policy: Policy, routed: RoutedDeployment) -> bool:
+        return policy.key_limited or bool(policy.deployment_limits[routed.name])
 
-    def __init__(self, policy: Policy, live: LiveDeployment) -> None:
+    def __init__(self, policy: Policy, routed: RoutedDeployment) -> None:
         self.limiter = policy.limiter
         self.key_limits = policy.key_limits
-        self.deployment_limits = policy.deployment_limits[live.name]
+        self.deployment_limits = policy.deployment_limits[routed.name]
 
     def apply(self, admission: Admission) -> Awaitable[None] | None:
         key_limits = self.key_limits.get(admission.caller.name, ())
@@ -191,12 +191,12 @@ class Budgets:
     title = "budgets"
 
     @staticmethod
-    def needed(policy: Policy, live: LiveDeployment) -> bool:
+    def needed(policy: Policy, routed: RoutedDeployment) -> bool:
         return policy.budgeted
 
-    def __init__(self, policy: Policy, live: LiveDeployment) -> None:
+    def __init__(self, policy: Policy, routed: RoutedDeployment) -> None:
         self.limiter = policy.limiter
-        self.price = live.config.price
+        self.price = routed.config.price
 
     def apply(self, admission: Admission) -> Awaitable[None] | None:
         key = admission.caller.key
@@ -225,10 +225,10 @@ class MediaScreen:
     title = "media screen"
 
     @staticmethod
-    def needed(policy: Policy, live: LiveDeployment) -> bool:
+    def needed(policy: Policy, routed: RoutedDeployment) -> bool:
         return True  # whether a request names images is seen per request
 
-    def __init__(self, policy: Policy, live: LiveDeployment) -> None:
+    def __init__(self, policy: Policy, routed: RoutedDeployment) -> None:
         self.media = policy.media
 
     def apply(self, admission: Admission) -> Awaitable[None] | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from gateway.core.canonical import Item, Usage
-from gateway.fleet.router import LiveDeployment
+from gateway.fleet.router import RoutedDeployment
 from gateway.policy.admission import Admission, Policy
 from gateway.policy.budgets import Reservation, used
 from gateway.policy.limits import Limiter
@@ -25,12 +25,12 @@ class Cost:
     title = "cost"
 
     @staticmethod
-    def needed(policy: Policy, live: LiveDeployment) -> bool:
-        return live.config.price is not None
+    def needed(policy: Policy, routed: RoutedDeployment) -> bool:
+        return routed.config.price is not None
 
-    def __init__(self, policy: Policy, live: LiveDeployment) -> None:
-        assert live.config.price is not None
-        self.price = live.config.price
+    def __init__(self, policy: Policy, routed: RoutedDeployment) -> None:
+        assert routed.config.price is not None
+        self.price = routed.config.price
 
     def apply(self, admission: Admission, usage: Usage) -> None:
         price = self.price
@@ -45,10 +45,10 @@ class ChargeTokenLimits:
     title = "usage → token limits"
 
     @staticmethod
-    def needed(policy: Policy, live: LiveDeployment) -> bool:
-        return policy.key_limited or bool(policy.deployment_limits[live.name])
+    def needed(policy: Policy, routed: RoutedDeployment) -> bool:
+        return policy.key_limited or bool(policy.deployment_limits[routed.name])
 
-    def __init__(self, policy: Policy, live: LiveDeployment) -> None:
+    def __init__(self, policy: Policy, routed: RoutedDeployment) -> None:
         self.limiter = policy.limiter
 
     def apply(self, admission: Admission, usage: Usage) -> Awaitable[None] | None:
@@ -65,12 +65,12 @@ class SettleBudgets:
     title = "budgets settled"
 
     @staticmethod
-    def needed(policy: Policy, live: LiveDeployment) -> bool:
+    def needed(policy: Policy, routed: RoutedDeployment) -> bool:
         return policy.budgeted
 
-    def __init__(self, policy: Policy, live: LiveDeployment) -> None:
+    def __init__(self, policy: Policy, routed: RoutedDeployment) -> None:
         self.limiter = policy.limiter
-        self.price = live.config.price
+        self.price = routed.config.price
 
     def apply(self, admission: Admission, usage: Usage) -> Awaitable[None] | None:
         held = admission.reservation
@@ -87,10 +87,10 @@ class ReleaseUnsettled:
     screens, ends = False, True
 
     @staticmethod
-    def needed(policy: Policy, live: LiveDeployment) -> bool:
+    def needed(policy: Policy, routed: RoutedDeployment) -> bool:
         return policy.budgeted
 
-    def __init__(self, policy: Policy, live: LiveDeployment) -> None:
+    def __init__(self, policy: Policy, routed: RoutedDeployment) -> None:
         self.limiter = policy.limiter
 
     def screen(self, admission: Admission) -> Screen | None:
@@ -117,10 +117,10 @@ class OutputFilter:
     screens, ends = True, False
 
     @staticmethod
-    def needed(policy: Policy, live: LiveDeployment) -> bool:
+    def needed(policy: Policy, routed: RoutedDeployment) -> bool:
         return policy.content_filter.output is not None
 
-    def __init__(self, policy: Policy, live: LiveDeployment) -> None:
+    def __init__(self, policy: Policy, routed: RoutedDeployment) -> None:
         self.content_filter = policy.content_filter
 
     def screen(self, admission: Admission) -> Screen | None:

@@ -7,7 +7,7 @@ The answer (as it comes back), streamed or whole alike:
     ANSWER_ITEMS — each item through their screens, in this order, and their ends when the
     answer has ended (`screened`: one generator for all the screens of a stream;
     `screened_take`: the same screens on a whole answer's way to the fold).
-(The README's "Policy" section lists the same order; tests/unit/test_policy_pipeline.py holds it.)
+(docs/configuration/policy.md lists the same order; tests/unit/test_policy_pipeline.py holds it.)
 
 Each deployment's lists are built once, when the runtime is (at start and at each reload),
 with only the steps it has something for; a request then runs its deployment's lists: plain
@@ -23,7 +23,7 @@ from starlette.types import Receive
 
 from gateway.core.canonical import ChatRequest, EventStream, Item, Usage
 from gateway.fleet.dispatch import OnUsage, QueueWait, Take
-from gateway.fleet.router import LiveDeployment, Router
+from gateway.fleet.router import RoutedDeployment, Router
 from gateway.policy.admission import Admission, Policy
 from gateway.policy.admission_steps import (
     Budgets,
@@ -76,7 +76,7 @@ class Dispatch(Protocol):
 
     def events(
         self,
-        deployment: LiveDeployment,
+        deployment: RoutedDeployment,
         request: ChatRequest,
         record: RequestRecord,
         on_usage: OnUsage | None = None,
@@ -85,7 +85,7 @@ class Dispatch(Protocol):
 
     def complete(
         self,
-        deployment: LiveDeployment,
+        deployment: RoutedDeployment,
         request: ChatRequest,
         record: RequestRecord,
         take: Take,
@@ -103,9 +103,9 @@ class StepKind(Protocol[Step]):
     title: str
 
     @staticmethod
-    def needed(policy: Policy, live: LiveDeployment) -> bool: ...
+    def needed(policy: Policy, routed: RoutedDeployment) -> bool: ...
 
-    def __call__(self, policy: Policy, live: LiveDeployment) -> Step: ...
+    def __call__(self, policy: Policy, routed: RoutedDeployment) -> Step: ...
 
 
 ROUTE = Route
@@ -137,17 +137,17 @@ class DeploymentSteps:
     item_ends: list[ItemStep]  # those that end
 
 
-def steps_built(kinds: tuple[StepKind[Built], ...], policy: Policy, live: LiveDeployment) -> list[Built]:
-    return [kind(policy, live) for kind in kinds if kind.needed(policy, live)]
+def steps_built(kinds: tuple[StepKind[Built], ...], policy: Policy, routed: RoutedDeployment) -> list[Built]:
+    return [kind(policy, routed) for kind in kinds if kind.needed(policy, routed)]
 
 
-def steps_for(policy: Policy, live: LiveDeployment) -> DeploymentSteps:
-    screening = steps_built(ADMISSION, policy, live)
-    items = steps_built(ANSWER_ITEMS, policy, live)
+def steps_for(policy: Policy, routed: RoutedDeployment) -> DeploymentSteps:
+    screening = steps_built(ADMISSION, policy, routed)
+    items = steps_built(ANSWER_ITEMS, policy, routed)
     return DeploymentSteps(
         admission=[step for step in screening if not isinstance(step, MediaScreen)],
         screening=screening,
-        usage=steps_built(ANSWER_USAGE, policy, live),
+        usage=steps_built(ANSWER_USAGE, policy, routed),
         items=items,
         item_screens=[step for step in items if step.screens],
         item_ends=[step for step in items if step.ends],
@@ -162,7 +162,7 @@ class Pipeline:
         self.route = ROUTE(router)
         self.dispatch = dispatch
         self.steps: Mapping[str, DeploymentSteps] = {
-            name: steps_for(policy, live) for name, live in router.deployments.items()
+            name: steps_for(policy, routed) for name, routed in router.deployments.items()
         }
 
     async def admit(

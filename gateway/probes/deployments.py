@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from gateway.config.capabilities import effective
-from gateway.fleet.router import LiveDeployment, Replica, Router
+from gateway.fleet.router import Replica, RoutedDeployment, Router
 from gateway.probes.findings import ProbeReport, ProbeUnavailable
 from gateway.probes.narrowing import narrowed, not_honoured, refused_requests
 from gateway.probes.sets import PROBE_SETS
@@ -49,10 +49,10 @@ class DeploymentProbe:
 PROBED_KIND = "openai-compatible"  # the one backend whose upstream is probed
 
 
-def probed_backend(live: LiveDeployment, replica: Replica) -> OpenAICompatibleBackend | None:
+def probed_backend(routed: RoutedDeployment, replica: Replica) -> OpenAICompatibleBackend | None:
     """The replica's backend when it is probed. Its module (and the HTTP client with it) is
     imported only where a deployment has such a backend: it already has, by then."""
-    if live.config.backend != PROBED_KIND:
+    if routed.config.backend != PROBED_KIND:
         return None
     from backends.openai_compatible import OpenAICompatibleBackend
 
@@ -77,7 +77,7 @@ def target_of(backend: OpenAICompatibleBackend) -> Target:
     )
 
 
-async def probe_deployment(live: LiveDeployment) -> DeploymentProbe:
+async def probe_deployment(routed: RoutedDeployment) -> DeploymentProbe:
     from gateway.probes.runner import probe
 
     found = DeploymentProbe()
@@ -89,10 +89,12 @@ async def probe_deployment(live: LiveDeployment) -> DeploymentProbe:
         except ProbeUnavailable as error:
             found.failures[replica.name] = str(error)
         except Exception as error:  # a background task: a bug here must not end the probing unseen
-            log.exception("deployment %s, replica %s: probing failed", live.name, replica.name)
+            log.exception("deployment %s, replica %s: probing failed", routed.name, replica.name)
             found.failures[replica.name] = f"{type(error).__name__}: {error}"
 
-    await asyncio.gather(*(one(r, b) for r in live.replicas if (b := probed_backend(live, r)) is not None))
+    await asyncio.gather(
+        *(one(r, b) for r in routed.replicas if (b := probed_backend(routed, r)) is not None)
+    )
     for report in found.reports.values():
         found.features |= not_honoured(report.findings)
     found.state = "done" if found.reports else "failed"
@@ -105,9 +107,9 @@ class DeploymentProbes:
 
     def __init__(self, router: Router, previous: DeploymentProbes | None = None) -> None:
         self.deployments = {
-            name: live
-            for name, live in router.deployments.items()
-            if any(probed_backend(live, r) is not None for r in live.replicas)
+            name: routed
+            for name, routed in router.deployments.items()
+            if any(probed_backend(routed, r) is not None for r in routed.replicas)
         }
         # a deployment the reload kept shows what was found until its new probes are done
         kept = previous.results if previous is not None else {}
@@ -116,26 +118,26 @@ class DeploymentProbes:
             if (last := kept.get(name)) is not None
             and last.reports
             and previous is not None
-            and previous.deployments.get(name) is live
+            and previous.deployments.get(name) is routed
             else DeploymentProbe()
-            for name, live in self.deployments.items()
+            for name, routed in self.deployments.items()
         }
         self.tasks: set[asyncio.Task[None]] = set()
 
     def start(self) -> None:
-        for name, live in self.deployments.items():
-            task = asyncio.get_running_loop().create_task(self.keep_probing(name, live))
+        for name, routed in self.deployments.items():
+            task = asyncio.get_running_loop().create_task(self.keep_probing(name, routed))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
 
-    async def keep_probing(self, name: str, live: LiveDeployment) -> None:
-        declared = effective(live.replicas[0].backend.capabilities, live.config.capabilities)
+    async def keep_probing(self, name: str, routed: RoutedDeployment) -> None:
+        declared = effective(routed.replicas[0].backend.capabilities, routed.config.capabilities)
         tries = 0
         while True:
-            found = await probe_deployment(live)
+            found = await probe_deployment(routed)
             if found.state == "done":
                 self.results[name] = found
-                live.capabilities = narrowed(declared, found.features)
+                routed.capabilities = narrowed(declared, found.features)
                 log.info(
                     "deployment %s: probed; not honoured: %s",
                     name,

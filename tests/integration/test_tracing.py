@@ -35,7 +35,7 @@ def traced_app(**settings: Any) -> tuple[Any, InMemorySpanExporter]:
         )
     )
     exported = InMemorySpanExporter()
-    gateway.live.runtime.tracing.provider.add_span_processor(SimpleSpanProcessor(exported))
+    gateway.current.runtime.tracing.provider.add_span_processor(SimpleSpanProcessor(exported))
     return gateway.app, exported
 
 
@@ -54,7 +54,7 @@ def post(app: Any, body: dict, headers: dict[str, str] | None = None) -> httpx.R
 
 
 def test_tracing_is_off_by_default():
-    assert build_gateway(Settings()).live.runtime.tracing is None
+    assert build_gateway(Settings()).current.runtime.tracing is None
 
 
 @pytest.mark.parametrize("stream", [False, True])
