@@ -22,8 +22,9 @@ _refspecs = pytest.StashKey[Path | None]()
 
 
 TESTS = Path(__file__).resolve().parent
-# each folder of tests/ is a lane, and its tests carry its name as a marker:
-# `pytest -m "not system"` is the fast lane (docs/development/tests.md)
+# each folder of tests/ is a lane, and its tests carry its name as a marker; system tests and
+# the modules marked `slow` are out of the fast lane, `pytest -m "not slow"`
+# (docs/development/tests.md)
 LANES = ("unit", "integration", "system")
 
 
@@ -32,6 +33,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         lane = item.path.resolve().relative_to(TESTS).parts[0]
         if lane in LANES:
             item.add_marker(getattr(pytest.mark, lane))
+        if lane == "system":
+            item.add_marker(pytest.mark.slow)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -19,6 +19,8 @@ from tests.support.fault_upstream import FaultUpstream
 from tests.support.gateway_process import gateway_process
 from tests.support.redis_server import running_redis
 
+pytestmark = pytest.mark.slow  # out of the fast lane (docs/development/tests.md)
+
 KEY, KEY_SHA = new_key()
 AUTH = {"authorization": f"Bearer {KEY}"}
 USER = [{"role": "user", "content": "hold this for me"}]

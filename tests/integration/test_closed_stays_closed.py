@@ -20,6 +20,8 @@ from gateway.policy.auth import new_key
 from tests.support.gateway_process import GatewayProcess, gateway_process
 from tests.support.servers import ROOT
 
+pytestmark = pytest.mark.slow  # out of the fast lane (docs/development/tests.md)
+
 KEY, KEY_SHA = new_key()
 OTHER, OTHER_SHA = new_key()
 NONSENSE = "cg-" + "x" * 43

@@ -27,6 +27,8 @@ import yaml
 from tests.support.fault_upstream import FaultUpstream
 from tests.support.servers import running_gateway
 
+pytestmark = pytest.mark.slow  # out of the fast lane (docs/development/tests.md)
+
 OPENAI = "/v1/chat/completions"
 AZURE = "/azure/chat/completions?api-version=2024-05-01-preview"
 USER = [{"role": "user", "content": "hello"}]

@@ -22,6 +22,8 @@ from gateway.tools.vendor_specs import VENDOR_DOCUMENTS
 from tests.support.broken_endpoint import broken_endpoint
 from tests.support.servers import ROOT, running_gateway
 
+pytestmark = pytest.mark.slow  # out of the fast lane (docs/development/tests.md)
+
 KEY, KEY_SHA = new_key()
 
 

@@ -21,6 +21,8 @@ from gateway.tools.conformance_report import CURL_BYTES
 from tests.integration.test_conformance_command import conformance
 from tests.support.deviating_upstream import DeviatingUpstream, running_deviating_upstream
 
+pytestmark = pytest.mark.slow  # out of the fast lane (docs/development/tests.md)
+
 DEVIATING_FEATURES = {
     "n": "ignored",
     "logprobs": "ignored",

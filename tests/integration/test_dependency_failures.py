@@ -16,6 +16,8 @@ from gateway.policy.auth import new_key
 from tests.support.gateway_process import GatewayProcess, gateway_process
 from tests.support.redis_server import running_redis
 
+pytestmark = pytest.mark.slow  # out of the fast lane (docs/development/tests.md)
+
 KEY, KEY_SHA = new_key()
 HANG_SECONDS = 4
 BREAKER = {"failures": 3, "reset_after": 1}

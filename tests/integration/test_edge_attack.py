@@ -19,6 +19,8 @@ from tests.integration.test_edge_limits import address, rss_kib, status_and_body
 from tests.support.documents import response_errors
 from tests.support.gateway_process import GatewayProcess, gateway_process
 
+pytestmark = pytest.mark.slow  # out of the fast lane (docs/development/tests.md)
+
 SMALL_RECEIVE_BUFFER = 4096  # a client that reads nothing takes little into its own kernel
 WRITE_TIMEOUT = 2
 

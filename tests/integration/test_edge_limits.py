@@ -29,6 +29,8 @@ from tests.support.documents import response_errors
 from tests.support.gateway_process import GatewayProcess, gateway_process
 from tests.support.servers import ROOT
 
+pytestmark = pytest.mark.slow  # out of the fast lane (docs/development/tests.md)
+
 LIMITS = {"header_timeout": 3, "body_timeout": 2, "keepalive_timeout": 2, "max_connections": 700}
 
 

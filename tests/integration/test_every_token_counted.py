@@ -27,6 +27,8 @@ from tests.support.held_upstream import HeldUpstream
 from tests.support.redis_server import running_redis
 from tests.support.servers import ROOT, free_port
 
+pytestmark = pytest.mark.slow  # out of the fast lane (docs/development/tests.md)
+
 KEY, KEY_SHA = new_key()
 AUTH = {"authorization": f"Bearer {KEY}"}
 USER = [{"role": "user", "content": "tell me a long story, please"}]

@@ -19,6 +19,8 @@ import yaml
 from tests.support.fault_upstream import FaultUpstream
 from tests.support.servers import free_port, running_gateway
 
+pytestmark = pytest.mark.slow  # out of the fast lane (docs/development/tests.md)
+
 DIALECTS = ["openai", "azure"]
 URLS = {
     "openai": "/v1/chat/completions",

@@ -25,6 +25,8 @@ from tests.support.deviating_upstream import running_deviating_upstream
 from tests.support.gateway_process import gateway_process
 from tests.support.servers import ROOT, free_port
 
+pytestmark = pytest.mark.slow  # out of the fast lane (docs/development/tests.md)
+
 ECHO_VERDICTS = {
     "n": "honoured",
     "logprobs": "honoured",

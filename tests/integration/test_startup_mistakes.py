@@ -15,6 +15,8 @@ import yaml
 
 from tests.support.servers import ROOT, free_port, wait_until_healthy
 
+pytestmark = pytest.mark.slow  # out of the fast lane (docs/development/tests.md)
+
 USER = [{"role": "user", "content": "hi"}]
 ECHO = {"name": "echo", "backend": "echo", "models": ["*"]}
 

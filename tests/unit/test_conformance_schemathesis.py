@@ -17,6 +17,8 @@ from gateway.dialects.registry import DIALECTS
 from gateway.http.documents import load_document
 from tests.support.schemathesis_setup import dialect_schema, dialect_tests
 
+pytestmark = pytest.mark.slow  # out of the fast lane (docs/development/tests.md)
+
 CHECKS = [
     not_a_server_error,
     status_code_conformance,

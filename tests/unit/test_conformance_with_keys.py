@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import pytest
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
@@ -16,6 +17,8 @@ from gateway.app import create_app
 from gateway.config.settings import Key, Settings
 from gateway.policy.auth import new_key
 from tests.support.schemathesis_setup import dialect_tests
+
+pytestmark = pytest.mark.slow  # out of the fast lane (docs/development/tests.md)
 
 KEY, KEY_SHA = new_key()
 APP = create_app(Settings(keys=[Key(name="conformance", sha256=KEY_SHA)]))

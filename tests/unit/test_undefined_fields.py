@@ -21,6 +21,8 @@ from gateway.http.documents import DialectSpec, load_document
 from tests.support.dialect_routes import ChatRoute, chat_routes
 from tests.support.documents import response_errors
 
+pytestmark = pytest.mark.slow  # out of the fast lane (docs/development/tests.md)
+
 APP = create_app(Settings())
 EXAMPLES = settings(
     max_examples=150, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck)
