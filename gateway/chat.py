@@ -3,11 +3,11 @@
     translator.read → policy.admit (gateway/policy/pipeline.py; images screened in dialects
     that say so) → policy.answer or policy.complete (router, dispatch, backend, the answer's
     policy)
-    → translator.completion, or translator.chunks framed as SSE / JSON lines
+    → translator.completion, or translator.chunks written by its framing (gateway/dialects/framing.py)
 
-The translator only translates and the runtime only decides; this module is the only one that
-calls both. Its inputs are explicit: the front door's `Call`, the dialect's translator, the
-runtime.
+The translator (gateway/dialects/translator.py) only translates and the policy pipeline only
+decides; this module is the only one that calls both. Its inputs are explicit: the front door's
+`Call`, the dialect's translator, the runtime.
 """
 
 from __future__ import annotations
