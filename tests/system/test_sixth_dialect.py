@@ -21,10 +21,10 @@ import httpx
 import pytest
 
 from tests.support.servers import ROOT, free_port, wait_until_healthy
+from tests.support.tree_copy import CACHES, copy_tree, run_in
 
 TREE = ("backends", "gateway", "generated", "openapi", "tests", "docs", "pyproject.toml", "README.md")
 
-CACHES = ("__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache")
 REGISTRY = Path("gateway/dialects/__init__.py")
 RECIPE_FILES = {  # all that the recipe touches (its tests: none, it behaves as OVMS does)
     "openapi/vllm.yaml",
@@ -50,25 +50,9 @@ DIALECT = Dialect(
 '''
 
 
-def run(command: list[str], cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    environment = {**os.environ, "PYTHONPATH": str(cwd), "MYPY_CACHE_DIR": str(cwd / ".mypy_cache")}
-    result = subprocess.run(
-        command, cwd=cwd, env=environment, capture_output=True, text=True, timeout=timeout
-    )
-    assert result.returncode == 0, f"{' '.join(command)}:\n{result.stdout[-4000:]}\n{result.stderr[-3000:]}"
-    return result
-
-
 @pytest.fixture(scope="module")
 def copy_with_a_sixth_dialect(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    tree = tmp_path_factory.mktemp("sixth") / "chatgate"
-    tree.mkdir()
-    ignore = shutil.ignore_patterns(*CACHES)
-    for name in TREE:
-        if (ROOT / name).is_dir():
-            shutil.copytree(ROOT / name, tree / name, ignore=ignore)
-        else:
-            shutil.copy2(ROOT / name, tree / name)
+    tree = copy_tree(TREE, tmp_path_factory.mktemp("sixth") / "chatgate")
     # 1. its document: a copy of an existing one
     shutil.copy2(ROOT / "openapi" / "ovms.yaml", tree / "openapi" / "vllm.yaml")
     # 2. its translator module
@@ -80,8 +64,8 @@ def copy_with_a_sixth_dialect(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert text.count(last) == 1, "the registry's shape changed: update the recipe"
     registry.write_text(text.replace(last, last + '    "vllm": "/vllm",\n'))
     # 4. what the generators write: the types and the configuration's schema
-    run([sys.executable, "-m", "gateway.tools.codegen"], tree)
-    schema = run([sys.executable, "-m", "gateway", "config", "schema"], tree).stdout
+    run_in(tree, [sys.executable, "-m", "gateway.tools.codegen"])
+    schema = run_in(tree, [sys.executable, "-m", "gateway", "config", "schema"]).stdout
     (tree / "docs" / "config.schema.json").write_text(schema)
     assert (tree / "generated" / "vllm.py").is_file()
     return tree
@@ -118,7 +102,7 @@ def test_the_suite_tables_cover_it_without_an_edit(copy_with_a_sixth_dialect: Pa
         "tests/unit/test_config_schema.py",
         "tests/integration/test_layers.py",
     ]
-    result = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", *suites], tree)
+    result = run_in(tree, [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", *suites])
     collected = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--collect-only", *suites],
         cwd=tree,
@@ -133,7 +117,7 @@ def test_the_suite_tables_cover_it_without_an_edit(copy_with_a_sixth_dialect: Pa
 
 
 def test_the_type_check_holds_it(copy_with_a_sixth_dialect: Path):
-    run([sys.executable, "-m", "mypy"], copy_with_a_sixth_dialect)
+    run_in(copy_with_a_sixth_dialect, [sys.executable, "-m", "mypy"])
 
 
 def test_it_is_served_at_its_mount(copy_with_a_sixth_dialect: Path, tmp_path: Path):
@@ -165,7 +149,7 @@ def test_it_is_served_at_its_mount(copy_with_a_sixth_dialect: Path, tmp_path: Pa
             f"features, why = features_of('{url}/vllm', 'vllm', 'echo', {{}}, 30.0);"
             "print(json.dumps({f.name: f.verdict for f in features}))"
         )
-        verdicts = json.loads(run([sys.executable, "-c", probe], tree).stdout)
+        verdicts = json.loads(run_in(tree, [sys.executable, "-c", probe]).stdout)
         assert verdicts["stream_done"] == verdicts["tools"] == "honoured", verdicts
     finally:
         process.terminate()

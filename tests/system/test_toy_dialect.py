@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -19,10 +18,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.servers import ROOT, free_port, wait_until_healthy
+from tests.support.servers import free_port, wait_until_healthy
+from tests.support.tree_copy import copy_tree, run_in
 
 TREE = ("backends", "gateway", "generated", "openapi", "pyproject.toml")
-CACHES = ("__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache")
 REGISTRY = Path("gateway/dialects/__init__.py")
 MAX_RESPONSE_BYTES = 1024  # the smallest the configuration takes: a long stream breaks off past it
 
@@ -207,25 +206,9 @@ DIALECT = Dialect(
 CONFIG = f"server:\n  max_response_bytes: {MAX_RESPONSE_BYTES}\n"
 
 
-def run(command: list[str], cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    environment = {**os.environ, "PYTHONPATH": str(cwd), "MYPY_CACHE_DIR": str(cwd / ".mypy_cache")}
-    result = subprocess.run(
-        command, cwd=cwd, env=environment, capture_output=True, text=True, timeout=timeout
-    )
-    assert result.returncode == 0, f"{' '.join(command)}:\n{result.stdout[-4000:]}\n{result.stderr[-3000:]}"
-    return result
-
-
 @pytest.fixture(scope="module")
 def copy_with_a_toy_dialect(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    tree = tmp_path_factory.mktemp("toy") / "chatgate"
-    tree.mkdir()
-    ignore = shutil.ignore_patterns(*CACHES)
-    for name in TREE:
-        if (ROOT / name).is_dir():
-            shutil.copytree(ROOT / name, tree / name, ignore=ignore)
-        else:
-            shutil.copy2(ROOT / name, tree / name)
+    tree = copy_tree(TREE, tmp_path_factory.mktemp("toy") / "chatgate")
     # 1. its document
     (tree / "openapi" / "toy.yaml").write_text(DOCUMENT)
     # 2. its translator module, implementing the protocol
@@ -238,9 +221,9 @@ def copy_with_a_toy_dialect(tmp_path_factory: pytest.TempPathFactory) -> Path:
     registry.write_text(text.replace(last, last + '    "toy": "/toy",\n'))
     # 4. its types, as `python -m gateway.tools.codegen` writes them (for its document only)
     generate = "from gateway.tools.codegen import FLAGS; print('\\0'.join(FLAGS))"
-    flags = run([sys.executable, "-c", generate], tree).stdout.strip().split("\0")
+    flags = run_in(tree, [sys.executable, "-c", generate]).stdout.strip().split("\0")
     module = ["--input", "openapi/toy.yaml", "--output", "generated/toy.py"]
-    run([sys.executable, "-m", "datamodel_code_generator", *module, *flags], tree)
+    run_in(tree, [sys.executable, "-m", "datamodel_code_generator", *module, *flags])
     return tree
 
 
@@ -282,9 +265,9 @@ def named_events(raw: str) -> list[tuple[str, dict]]:
 
 
 def test_the_type_check_holds_it_to_the_protocol(copy_with_a_toy_dialect: Path):
-    run(
-        [sys.executable, "-m", "mypy", "gateway/dialects/toy.py", "gateway/dialects/registry.py"],
+    run_in(
         copy_with_a_toy_dialect,
+        [sys.executable, "-m", "mypy", "gateway/dialects/toy.py", "gateway/dialects/registry.py"],
     )
 
 
@@ -350,5 +333,5 @@ def test_a_dialect_without_probes_is_said_not_probed(copy_with_a_toy_dialect: Pa
         "from gateway.tools.conformance_target import features_of;"
         "print(features_of('http://127.0.0.1:9/toy', 'toy', 'echo', {}, 1.0))"
     )
-    said = run([sys.executable, "-c", check], copy_with_a_toy_dialect).stdout
+    said = run_in(copy_with_a_toy_dialect, [sys.executable, "-c", check]).stdout
     assert "not probed" in said and "toy" in said
