@@ -3,7 +3,10 @@
 - LangChain's ChatOpenAI and llama-index's OpenAILike in a venv of their own (they bring their
   own openai, pydantic and some eighty packages, none of which may move chatgate's), every
   package pinned by tests/support/clients/python-clients.txt;
-- openai for Node and the Vercel AI SDK in an npm folder, installed by `npm ci` from
+- the agent-era Python clients, the OpenAI Agents SDK and LangChain's ChatAnthropic, in another
+  (their openai and langchain-core differ from the first's), pinned by python-agents.txt;
+- openai for Node, the Vercel AI SDK, @anthropic-ai/sdk, Claude Code and Codex CLI (both carry
+  their native binary in a registry package) in an npm folder, installed by `npm ci` from
   tests/support/clients/package-lock.json;
 - litellm 1.80.0 as a client: the venv the benchmark makes (bench/litellm_proxy).
 
@@ -22,9 +25,18 @@ from pathlib import Path
 from tests.support.real_servers import CACHE, INSTALL_HINT, ServerVenv
 
 CLIENTS = Path(__file__).with_name("clients")
-LOCK = CLIENTS / "python-clients.txt"
-PINNED = tuple(line for line in LOCK.read_text().splitlines() if line and not line.startswith("#"))
+
+
+def pinned(lock: str) -> tuple[str, ...]:
+    """A venv's lock in tests/support/clients: one `name==version` a line."""
+    lines = (CLIENTS / lock).read_text().splitlines()
+    return tuple(line for line in lines if line and not line.startswith("#"))
+
+
+PINNED = pinned("python-clients.txt")
 PYTHON_CLIENTS = ServerVenv("clients-langchain-openai-1.7.4-llama-index-0.8.1", PINNED)
+AGENTS_PINNED = pinned("python-agents.txt")
+AGENT_CLIENTS = ServerVenv("clients-openai-agents-0.24.0-langchain-anthropic-1.7.10", AGENTS_PINNED)
 NODE_CLIENTS = CACHE / "clients-node"
 NODE_STAMP = "chatgate-tests-installed"  # written once `npm ci` has finished: the lock it installed
 
@@ -66,6 +78,7 @@ def node_folder() -> Path:
 
 def install_all(say: Callable[[str], None] = print) -> None:
     PYTHON_CLIENTS.install(say)
+    AGENT_CLIENTS.install(say)
     install_node(say)
 
 
