@@ -3,6 +3,11 @@
 It honours the request's shape (max_tokens, stop and include_stop_str_in_output, n, seed,
 logprobs, response_format, forced tool_choice, streaming, usage, a fingerprint) so every dialect
 can be exercised end to end.
+
+It calls a tool when asked to, so that agents (Claude Code, Codex CLI) can run a tool turn on
+it: where tools are offered and not ruled out (`tool_choice` absent or auto), and the last
+message is the user's and says `call NAME {…json…}` naming an offered tool, the answer is that
+call with those arguments. The tool's result, the next turn, is echoed as text.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import itertools
+import json
 import re
 import zlib
 from collections.abc import AsyncIterator, Iterator
@@ -60,6 +66,7 @@ PARAMETERS: dict[str, Param] = {
     if not p.handled
 }
 NO_PARAMETERS = {"type": "object", "properties": {}}
+JSON_DECODER = json.JSONDecoder()
 PREFIX = "[chatgate echo backend, not a language model] You said:"
 # What echo says of every answer: one configuration, one tier, no reasoning and no cache (its
 # zeros are true), so every dialect's fields for these are exercised end to end.
@@ -67,6 +74,8 @@ SERVED = ServedBy(system_fingerprint="fp_chatgate_echo", service_tier="default")
 COMPLETION_DETAILS = CompletionTokensDetails(reasoning_tokens=0, audio_tokens=0)
 PROMPT_DETAILS = PromptTokensDetails(cached_tokens=0, audio_tokens=0)
 TOKEN = re.compile(r"\s*\S+|\s+")
+ASKED_CALL = re.compile(r"\bcall ([A-Za-z0-9_.:-]{1,128}) (?=\{)")  # `call NAME {…}` in the user's text
+ASKED_CALLS_READ = 8  # the first few asks are read: a hostile text of many costs no more
 MESSAGE_OVERHEAD_TOKENS = 3  # role and separators, as chat templates add them
 SLICE_TOKENS = 256  # tokens per event of an answer that is not streamed
 # A reply this short is split into tokens at once; a longer one a slice at a time, as it is sent
@@ -119,6 +128,33 @@ def last_user_text(messages: list[dict[str, Any]]) -> str:
         if message.get("role") == "user":
             return message_text(message)
     return message_text(messages[-1]) if messages else ""
+
+
+def asked_call(request: ChatRequest) -> ToolCallDelta | None:
+    """The call the user's last message asks for (`call NAME {…}`), of a tool offered, if any."""
+    if not request.tools or request.tool_choice not in (None, "auto") or not request.messages:
+        return None
+    last = request.messages[-1]
+    if last.get("role") != "user":
+        return None
+    text = message_text(last)
+    offered = {(tool.get("function") or {}).get("name") for tool in request.tools}
+    for match in itertools.islice(ASKED_CALL.finditer(text), ASKED_CALLS_READ):
+        if match.group(1) not in offered:
+            continue
+        try:
+            arguments, _ = JSON_DECODER.raw_decode(text, match.end())
+        except ValueError:
+            continue
+        if isinstance(arguments, dict):
+            return ToolCallDelta(
+                index=0,
+                call_index=0,
+                id=f"call_{zlib.crc32(text.encode()):08x}",
+                name=match.group(1),
+                arguments=orjson.dumps(arguments).decode(),
+            )
+    return None
 
 
 def instance_for(schema: Any, hint: str, depth: int = 0) -> Any:
@@ -220,6 +256,9 @@ class EchoBackend:
                 arguments=orjson.dumps(arguments).decode(),
             )
             return "", call
+        asked = asked_call(request)
+        if asked is not None:
+            return "", asked
         response_format = (request.response_format or {}).get("type", "text")
         if response_format == "json_object":
             return orjson.dumps({"echo": heard, "note": PREFIX}).decode(), None
