@@ -27,6 +27,7 @@ from urllib.parse import parse_qsl
 
 import jsonschema_rs
 from connexion.middleware import SpecMiddleware
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -38,6 +39,7 @@ from gateway.core.errors import (
     MethodNotAllowed,
     NotFound,
     UnsupportedMediaType,
+    error_for_status,
 )
 from gateway.core.ids import new_request_id
 from gateway.dialects.translator import Translator
@@ -59,6 +61,7 @@ SAFE_REQUEST_ID = re.compile(rb"^[A-Za-z0-9._:/+=-]{1,200}$")
 JSON_MEDIA_TYPE = "application/json"
 HTTP_METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
 UI_PATH = "/ui"
+UI_HIDDEN_SUFFIXES = (".j2", ".map")  # the UI's page template and source maps: not for clients
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,7 +289,7 @@ class FrontDoor(SpecMiddleware):
                 await self.send_document(document, method, request_id, send)
                 return
             if path.startswith(self.ui_prefixes):  # Connexion's Swagger UI, behind this layer
-                await self.app(scope, receive, self.with_request_id(send, request_id, None))
+                await self.swagger_ui(scope, receive, send, request_id)
                 return
         record = None
         if operation is not None and operation.dialect:
@@ -370,6 +373,34 @@ class FrontDoor(SpecMiddleware):
             return self.error_response(
                 translator or self.error_dialects.translator_for(path), failure, request_id, record
             )
+
+    async def swagger_ui(self, scope: Scope, receive: Receive, send: Send, request_id: bytes) -> None:
+        """Connexion's Swagger UI: its page and the files it loads. A file it does not have (its
+        static files raise Starlette's HTTPException, which nothing behind this layer catches)
+        and its own template are answered as the dialect answers a path nothing serves."""
+        path: str = scope["path"]
+        translator = self.error_dialects.translator_for(path)
+        with_id = self.with_request_id(send, request_id, None)
+        if path.endswith(UI_HIDDEN_SUFFIXES):
+            await self.error_response(translator, NotFound(f"Not found: {path}"), request_id, None)(
+                scope, receive, with_id
+            )
+            return
+        started = False
+
+        async def send_tracked(message: Message) -> None:
+            nonlocal started
+            started = True
+            await with_id(message)
+
+        try:
+            await self.app(scope, receive, send_tracked)
+        except StarletteHTTPException as error:
+            if started:
+                raise
+            why = f"Not found: {path}" if error.status_code == 404 else str(error.detail)
+            failure = error_for_status(error.status_code, why)
+            await self.error_response(translator, failure, request_id, None)(scope, receive, with_id)
 
     @staticmethod
     def error_response(

@@ -13,7 +13,7 @@ from gateway.config.settings import Settings
 from gateway.dialects.registry import DIALECTS
 from gateway.http.documents import load_document
 from gateway.policy.auth import new_key
-from tests.support.servers import ROOT, running_gateway
+from tests.support.servers import ROOT, running_gateway, started_gateway
 
 MOUNTS = Settings().mounts
 
@@ -79,3 +79,26 @@ def test_the_swagger_ui_is_public_as_documented(tmp_path, log_dir):
         assert httpx.get(f"{url}/v1/models").status_code == 401
     keys_page = (ROOT / "docs" / "configuration" / "keys.md").read_text()
     assert "(`<mount>/ui/`" in keys_page
+
+
+def test_what_the_swagger_ui_does_not_serve_is_a_plain_404(log_dir):
+    """A file the UI does not have (a path climbing out of it too), its page template and its
+    source maps: 404 in the mount's dialect, with a request id, and no traceback in the log."""
+    paths = [
+        "/v1/ui/..%2f..%2fetc%2fpasswd",
+        "/v1/ui/swagger-ui-config.json",
+        "/v1/ui/no-such-file.js",
+        "/v1/ui/index.j2",
+        "/v1/ui/swagger-ui-bundle.js.map",
+    ]
+    with started_gateway(log_dir) as (_process, url, log):
+        for path in paths:
+            response = httpx.get(url + path)
+            assert response.status_code == 404, path
+            assert response.json()["error"]["code"] == "NotFound", path
+            assert response.headers["x-request-id"], path
+        azure = httpx.get(f"{url}/azure/ui/no-such-file.js")
+        assert azure.status_code == 404
+        assert azure.json()["error"]["code"] == "NotFound"  # Azure's shape: its own error object
+        assert httpx.get(f"{url}/v1/ui/swagger-ui-bundle.js").status_code == 200  # what it has, it serves
+        assert "Traceback" not in log.read_text()
