@@ -10,14 +10,18 @@ the request is not tried again.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
 
 from gateway.core.errors import GatewayError, UpstreamRefused
 
 CLIENT_MESSAGE_LIMIT = 300
 CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
 TRACEBACK = re.compile(r"Traceback \(most recent call last\)|\bFile \"[^\"]+\", line \d+|\n\s+at \S+\(")
+DELAY_SECONDS = re.compile(r"[0-9]{1,12}")
+RETRY_AFTER_MOST = 86_400  # a day: an upstream asking for longer is read as asking for a day
 PATH = re.compile(r"(?<![\w:/.-])(?:[A-Za-z]:\\|~?/)(?:[\w.@+-]+[/\\])+[\w.@+-]*")
 
 
@@ -31,6 +35,25 @@ def client_safe(message: str, limit: int = CLIENT_MESSAGE_LIMIT) -> str:
     message = PATH.sub("<path>", message)
     message = CONTROL.sub(" ", message).strip()
     return message if len(message) <= limit else message[: limit - 1].rstrip() + "…"
+
+
+def retry_after_seconds(value: str | None, now: float | None = None) -> str | None:
+    """An upstream's Retry-After as the client gets it: delay-seconds, or an HTTP-date turned into
+    the seconds until it, at most a day; None for anything else (`abc`, `-5`, markup), which is
+    never relayed."""
+    if value is None:
+        return None
+    value = value.strip()
+    if DELAY_SECONDS.fullmatch(value):
+        return str(min(int(value), RETRY_AFTER_MOST))
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        return None  # an HTTP-date is GMT; a date without a zone is not one
+    seconds = when.timestamp() - (time.time() if now is None else now)
+    return str(min(max(0, int(seconds + 0.999)), RETRY_AFTER_MOST))
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +117,9 @@ def status_error(table: StatusTable, failure: UpstreamFailure) -> GatewayError:
     if failure.request_id and status >= 500:
         message = f"{message.rstrip('.')}; its request id: {client_safe(failure.request_id, 100)}."
     param = failure.param if answer.names_param else None
-    retry_after = (failure.retry_after or answer.retry_after_default) if answer.keeps_retry_after else None
+    retry_after = None
+    if answer.keeps_retry_after:
+        retry_after = retry_after_seconds(failure.retry_after) or answer.retry_after_default
     return answer.error(
         message,
         param=param,

@@ -156,6 +156,9 @@ class StubUpstream(LoopbackServer):
             extra = {"Retry-After": "7"} if status == 429 else {}
             body = {"error": {"message": message, "type": "stub", "param": param, "code": None}}
             await respond(writer, status, orjson.dumps(body), extra)
+        elif behaviour in RETRY_AFTERS:
+            body = {"error": {"message": "slow down", "type": "stub", "param": None, "code": None}}
+            await respond(writer, 429, orjson.dumps(body), {"Retry-After": RETRY_AFTERS[behaviour][0]})
         elif behaviour == "malformed":
             await respond(writer, 200, b'{"id": "x", "choices": [{"index": 0, "mess')
         elif behaviour == "capture":
@@ -280,7 +283,16 @@ def stub() -> Iterator[StubUpstream]:
 STUB_BEHAVIOURS = ["status-400", "status-401", "status-403", "status-404", "status-422",
                    "status-429", "status-500", "status-503", "malformed", "capture",
                    "fragments", "stall", "midstream", "truncated", "refusing",
-                   "detailed"]  # fmt: skip
+                   "detailed", "retry-after-abc", "retry-after-negative", "retry-after-markup",
+                   "retry-after-huge", "retry-after-date"]  # fmt: skip
+# what the stub's 429 says in Retry-After, by behaviour; and what the client may be told
+RETRY_AFTERS = {
+    "retry-after-abc": ("abc", None),
+    "retry-after-negative": ("-5", None),
+    "retry-after-markup": ("<script>alert(1)</script>", None),
+    "retry-after-huge": ("999999999", "86400"),
+    "retry-after-date": ("Wed, 21 Oct 2015 07:28:00 GMT", "0"),  # past: at once
+}
 
 
 @pytest.fixture(scope="module")
@@ -632,6 +644,14 @@ def test_upstream_status_becomes_gateway_error(
         assert response.headers["retry-after"] == "7"
     if behaviour in ("status-400", "status-422") and dialect == "openai":
         assert response.json()["error"]["param"] == "temperature"
+
+
+@pytest.mark.parametrize("behaviour", sorted(RETRY_AFTERS))
+def test_an_upstreams_retry_after_reaches_the_client_only_as_seconds(gateway: str, behaviour: str) -> None:
+    """Delay-seconds (at most a day) or an HTTP-date turned into seconds; never `abc`, `-5` or markup."""
+    response = post(gateway, "openai", {"model": f"stub-{behaviour}", "messages": MESSAGES})
+    assert response.status_code == 429
+    assert response.headers.get("retry-after") == RETRY_AFTERS[behaviour][1]
 
 
 def test_unreachable_upstream_is_503(gateway: str) -> None:
