@@ -23,7 +23,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.chat import ChatPipeline
 from gateway.config.settings import Settings
-from gateway.core.errors import NotFound
+from gateway.core.errors import NotFound, Unauthorized
 from gateway.core.memory import return_large_blocks
 from gateway.dialects.dialect import Dialect
 from gateway.dialects.registry import DIALECTS
@@ -33,6 +33,7 @@ from gateway.http.documents import DialectSpec, load_document
 from gateway.http.error_dialects import ErrorDialects
 from gateway.http.front_door import FrontDoor, Handler, connexion_view
 from gateway.http.lifecycle import Lifecycle
+from gateway.policy.auth import KeyStore, Scheme, authenticate
 from gateway.probes.deployments import DeploymentProbes
 from gateway.runtime import Runtime
 from gateway.telemetry.access_log import AccessLog
@@ -42,6 +43,26 @@ log = logging.getLogger("chatgate")
 YOUNG_GC_THRESHOLD = 20_000
 RETIRE_MARGIN = 5.0  # seconds past the longest request's limit before a retired runtime closes
 JSON = "application/json"
+
+
+# how /ready's caller may present a key: as each dialect's clients do
+READY_KEY_SCHEMES = (
+    Scheme("authorization", bearer=True),
+    Scheme("api-key", bearer=False),
+    Scheme("x-api-key", bearer=False),
+)
+
+
+def shows_details(keys: KeyStore, headers: dict[str, str]) -> bool:
+    """Whether /ready names deployments and what probing found: on a gateway with keys, only to a
+    caller with one (a load balancer needs the status alone; the rest is for operators)."""
+    if not keys.enabled:
+        return True
+    try:
+        authenticate(keys, READY_KEY_SCHEMES, headers)
+    except Unauthorized:
+        return False
+    return True
 
 
 def gateway_endpoints(current: CurrentRuntime, lifecycle: Lifecycle) -> dict[str, Any]:
@@ -70,13 +91,12 @@ def gateway_endpoints(current: CurrentRuntime, lifecycle: Lifecycle) -> dict[str
             status = "degraded"
         else:
             status = "ready"
-        body: dict[str, Any] = {
-            "status": status,
-            "unhealthy": unhealthy,
-            "limit_store_reachable": store_reachable,
-        }
-        if current.probes.results:  # what the deployments with `probe: true` were found to honour
-            body["probes"] = current.probes.summary()
+        body: dict[str, Any] = {"status": status}
+        if shows_details(runtime.keys, call.headers):
+            body["unhealthy"] = unhealthy
+            body["limit_store_reachable"] = store_reachable
+            if current.probes.results:  # what the deployments with `probe: true` were found to honour
+                body["probes"] = current.probes.summary()
         code = 200 if status in ("ready", "degraded") else 503
         return Response(orjson.dumps(body), status_code=code, media_type=JSON)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("chatgate.probes")
 RETRY_SECONDS = (5.0, 15.0, 60.0)  # waits after failed tries; the last, for good
+MIN_SECRET_CHARS = 4  # shorter header values (`1`, `on`) are not secrets worth a redaction
 
 
 @dataclass(slots=True)
@@ -31,7 +33,9 @@ class DeploymentProbe:
 
     state: Literal["probing", "done", "failed"] = "probing"
     reports: dict[str, ProbeReport] = field(default_factory=dict)  # by replica
-    failures: dict[str, str] = field(default_factory=dict)  # by replica: why it was not probed
+    # by replica: why it was not probed, as anyone may read it (the plain request's HTTP status,
+    # never the upstream's words or address: those are in the log, its secrets redacted)
+    failures: dict[str, str] = field(default_factory=dict)
     features: set[str] = field(default_factory=set)  # not honoured by some replica: narrowed
 
     def as_json(self) -> dict[str, Any]:
@@ -77,6 +81,22 @@ def target_of(backend: OpenAICompatibleBackend) -> Target:
     )
 
 
+def unavailable(status: int) -> str:
+    if not status:
+        return "the upstream did not answer a plain request"
+    return f"the upstream answered a plain request with HTTP {status}"
+
+
+def redacted(text: str, secrets: Iterable[str]) -> str:
+    """`text` with every secret the gateway sends upstream (its key, its headers' values, and the
+    key alone where a header holds `Bearer <key>`) replaced: an upstream may echo them."""
+    for secret in secrets:
+        for part in {secret, secret.partition(" ")[2]}:
+            if len(part) >= MIN_SECRET_CHARS:
+                text = text.replace(part, "<redacted>")
+    return text
+
+
 async def probe_deployment(routed: RoutedDeployment) -> DeploymentProbe:
     from gateway.probes.runner import probe
 
@@ -84,13 +104,25 @@ async def probe_deployment(routed: RoutedDeployment) -> DeploymentProbe:
     probes = PROBE_SETS["openai"]  # what the openai-compatible backend speaks upstream
 
     async def one(replica: Replica, backend: OpenAICompatibleBackend) -> None:
+        target = target_of(backend)
         try:
-            found.reports[replica.name] = await probe(target_of(backend), probes)
+            found.reports[replica.name] = await probe(target, probes)
         except ProbeUnavailable as error:
-            found.failures[replica.name] = str(error)
+            found.failures[replica.name] = unavailable(error.status)
+            log.warning(
+                "deployment %s, replica %s: %s",
+                routed.name,
+                replica.name,
+                redacted(str(error), target.headers.values()),
+            )
         except Exception as error:  # a background task: a bug here must not end the probing unseen
-            log.exception("deployment %s, replica %s: probing failed", routed.name, replica.name)
-            found.failures[replica.name] = f"{type(error).__name__}: {error}"
+            log.error(
+                "deployment %s, replica %s: probing failed: %s",
+                routed.name,
+                replica.name,
+                redacted(f"{type(error).__name__}: {error}", target.headers.values()),
+            )
+            found.failures[replica.name] = "the probes failed (see the gateway's log)"
 
     await asyncio.gather(
         *(one(r, b) for r in routed.replicas if (b := probed_backend(routed, r)) is not None)
@@ -153,7 +185,7 @@ class DeploymentProbes:
             log.warning(
                 "deployment %s: cannot probe (%s); capabilities as declared, trying again in %g s",
                 name,
-                "; ".join(found.failures.values()),
+                "; ".join(sorted(set(found.failures.values()))),
                 wait,
             )
             await asyncio.sleep(wait)

@@ -20,6 +20,7 @@ import yaml
 from typer.testing import CliRunner
 
 from gateway.cli import cli
+from gateway.policy.auth import new_key
 from gateway.probes.sets import PROBE_SETS
 from tests.support.deviating_upstream import running_deviating_upstream
 from tests.support.gateway_process import gateway_process
@@ -265,3 +266,35 @@ def test_an_upstream_that_is_down_delays_nothing_and_is_probed_once_it_is_up(tmp
         with running_deviating_upstream(port=port):
             until(lambda: probed(gateway.url), timeout=60)
             assert ask(gateway.url, n=2).status_code == 422
+
+
+def test_ready_names_nothing_of_an_upstream_without_a_key_and_never_its_words(tmp_path: Path):
+    """On a gateway with keys, /ready without one says the status alone; with one, why a
+    deployment was not probed in the gateway's words (the HTTP status), never the upstream's
+    text, which may quote the gateway's own upstream key; the log redacts that key too."""
+    key, sha = new_key()
+    secret = "sk-upstream-secret-4711"
+    with running_deviating_upstream(key="the-right-one") as upstream:
+        config = relay(upstream.url, probe=True)
+        config["deployments"][0]["options"]["api_key"] = secret
+        config["keys"] = [{"name": "ops", "sha256": sha}]
+        with gateway_process(tmp_path, config) as gateway:
+            with_key = {"Authorization": f"Bearer {key}"}
+
+            def failed() -> dict[str, Any] | None:
+                found = httpx.get(f"{gateway.url}/ready", headers=with_key).json()["probes"]["dev"]
+                return found if found["state"] == "failed" else None
+
+            found = until(failed)
+            anonymous = httpx.get(f"{gateway.url}/ready")
+            assert anonymous.status_code == 200
+            assert anonymous.json() == {"status": "ready"}
+            wrong = httpx.get(f"{gateway.url}/ready", headers={"Authorization": "Bearer nope"})
+            assert wrong.json() == {"status": "ready"}
+            said = found["replicas"]["dev-0"]["error"]
+            assert said == "the upstream answered a plain request with HTTP 401"
+            shown = httpx.get(f"{gateway.url}/ready", headers=with_key).text
+            assert secret not in shown and "127.0.0.1" not in shown and "Incorrect" not in shown
+            log = gateway.output()
+            assert "Incorrect API key provided: <redacted>" in log  # the words are for the log ...
+            assert secret not in log  # ... never the key they quote

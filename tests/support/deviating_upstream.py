@@ -59,7 +59,9 @@ class DeviatingUpstream:
     async def chat(self, request: Request) -> Response:
         self.header_names.update(request.headers.keys())
         if self.key is not None and request.headers.get("authorization") != f"Bearer {self.key}":
-            return detail(self.unauthorized_status, "Not authenticated")
+            # as real servers do, it quotes the key it was given (OpenAI: "Incorrect API key provided")
+            presented = request.headers.get("authorization", "").removeprefix("Bearer ")
+            return detail(self.unauthorized_status, f"Incorrect API key provided: {presented}")
         try:
             body = orjson.loads(await request.body())
         except orjson.JSONDecodeError:
