@@ -49,6 +49,7 @@ from backends.http.status import (
     StatusTable,
     UpstreamFailure,
     client_safe,
+    redacted,
     status_error,
 )
 from backends.http.stream_decoders import StreamDecoder, decoder_for
@@ -561,6 +562,7 @@ class OpenAICompatibleBackend:
         """An upstream error response, as the gateway error the client gets (a 5xx's words stay
         here, in the log under the gateway's request id)."""
         message, param = error_message(raw)
+        message = redacted(message, self.client.headers.values())  # it may quote the key it was sent
         if UPSTREAM_STATUSES.answers.get(status) is CREDENTIALS:
             log.error("upstream %s refused the gateway's credentials (%d)", self.shown_url, status)
         else:

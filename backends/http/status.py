@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 
@@ -21,6 +21,7 @@ CLIENT_MESSAGE_LIMIT = 300
 CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
 TRACEBACK = re.compile(r"Traceback \(most recent call last\)|\bFile \"[^\"]+\", line \d+|\n\s+at \S+\(")
 DELAY_SECONDS = re.compile(r"[0-9]{1,12}")
+MIN_SECRET_CHARS = 4  # shorter header values (`1`, `on`) are no secret worth a redaction
 RETRY_AFTER_MOST = 86_400  # a day: an upstream asking for longer is read as asking for a day
 PATH = re.compile(r"(?<![\w:/.-])(?:[A-Za-z]:\\|~?/)(?:[\w.@+-]+[/\\])+[\w.@+-]*")
 
@@ -35,6 +36,16 @@ def client_safe(message: str, limit: int = CLIENT_MESSAGE_LIMIT) -> str:
     message = PATH.sub("<path>", message)
     message = CONTROL.sub(" ", message).strip()
     return message if len(message) <= limit else message[: limit - 1].rstrip() + "…"
+
+
+def redacted(text: str, secrets: Iterable[str]) -> str:
+    """`text` with every secret the gateway sends upstream (its key, its headers' values, and the
+    credential alone where a header holds `Bearer <key>`) replaced: an upstream may echo them."""
+    for secret in secrets:
+        for part in {secret, secret.partition(" ")[2]}:
+            if len(part) >= MIN_SECRET_CHARS:
+                text = text.replace(part, "<redacted>")
+    return text
 
 
 def retry_after_seconds(value: str | None, now: float | None = None) -> str | None:

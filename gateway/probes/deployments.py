@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from backends.http.status import redacted
 from gateway.config.capabilities import effective
 from gateway.fleet.router import Replica, RoutedDeployment, Router
 from gateway.probes.findings import ProbeReport, ProbeUnavailable
@@ -24,7 +24,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("chatgate.probes")
 RETRY_SECONDS = (5.0, 15.0, 60.0)  # waits after failed tries; the last, for good
-MIN_SECRET_CHARS = 4  # shorter header values (`1`, `on`) are not secrets worth a redaction
 
 
 @dataclass(slots=True)
@@ -85,16 +84,6 @@ def unavailable(status: int) -> str:
     if not status:
         return "the upstream did not answer a plain request"
     return f"the upstream answered a plain request with HTTP {status}"
-
-
-def redacted(text: str, secrets: Iterable[str]) -> str:
-    """`text` with every secret the gateway sends upstream (its key, its headers' values, and the
-    key alone where a header holds `Bearer <key>`) replaced: an upstream may echo them."""
-    for secret in secrets:
-        for part in {secret, secret.partition(" ")[2]}:
-            if len(part) >= MIN_SECRET_CHARS:
-                text = text.replace(part, "<redacted>")
-    return text
 
 
 async def probe_deployment(routed: RoutedDeployment) -> DeploymentProbe:

@@ -156,6 +156,10 @@ class StubUpstream(LoopbackServer):
             extra = {"Retry-After": "7"} if status == 429 else {}
             body = {"error": {"message": message, "type": "stub", "param": param, "code": None}}
             await respond(writer, status, orjson.dumps(body), extra)
+        elif behaviour == "quotes-key":  # a 4xx whose words quote the credentials it was sent
+            message = f"the key {SECRET} may not use tenant t1 (authorization: Bearer {SECRET})"
+            body = {"error": {"message": message, "type": "stub", "param": None, "code": None}}
+            await respond(writer, 400, orjson.dumps(body))
         elif behaviour in RETRY_AFTERS:
             body = {"error": {"message": "slow down", "type": "stub", "param": None, "code": None}}
             await respond(writer, 429, orjson.dumps(body), {"Retry-After": RETRY_AFTERS[behaviour][0]})
@@ -284,7 +288,7 @@ STUB_BEHAVIOURS = ["status-400", "status-401", "status-403", "status-404", "stat
                    "status-429", "status-500", "status-503", "malformed", "capture",
                    "fragments", "stall", "midstream", "truncated", "refusing",
                    "detailed", "retry-after-abc", "retry-after-negative", "retry-after-markup",
-                   "retry-after-huge", "retry-after-date"]  # fmt: skip
+                   "retry-after-huge", "retry-after-date", "quotes-key"]  # fmt: skip
 # what the stub's 429 says in Retry-After, by behaviour; and what the client may be told
 RETRY_AFTERS = {
     "retry-after-abc": ("abc", None),
@@ -652,6 +656,14 @@ def test_an_upstreams_retry_after_reaches_the_client_only_as_seconds(gateway: st
     response = post(gateway, "openai", {"model": f"stub-{behaviour}", "messages": MESSAGES})
     assert response.status_code == 429
     assert response.headers.get("retry-after") == RETRY_AFTERS[behaviour][1]
+
+
+def test_an_upstream_quoting_the_gateways_key_is_relayed_without_it(gateway: str, log_dir: Path) -> None:
+    response = post(gateway, "openai", {"model": "stub-quotes-key", "messages": MESSAGES})
+    assert response.status_code == 400
+    assert "may not use tenant" in response.json()["error"]["message"]  # the words still reach the client
+    assert SECRET not in response.text
+    assert not any(SECRET in log.read_text() for log in log_dir.glob("gateway-*.log"))
 
 
 def test_unreachable_upstream_is_503(gateway: str) -> None:
