@@ -115,6 +115,12 @@ class Capabilities:
     # Takes a conversation whose earlier assistant turns called custom tools (OpenAI's
     # `{"type": "custom"}` calls): it passes the conversation on, or reads only its words.
     custom_calls_in_history: bool = False
+    # n choices are made as n upstream requests (a fan-out, TGI's parallel requests): a request
+    # takes a replica's slot a choice, so `max_concurrent` bounds what the upstream gets …
+    requests_per_choice: bool = False
+    # … and where each is charged its prompt (the answer's usage sums them), the limits and
+    # budgets count the prompt once a choice at admission
+    prompt_per_choice: bool = False
 
 
 class Backend(Protocol):

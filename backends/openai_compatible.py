@@ -129,6 +129,7 @@ CAPABILITIES = Capabilities(
     max_top_logprobs=20,
 )
 
+FAN_OUT_MOST = 16  # choices of one request made as requests of their own, at most
 BUSY = "{upstream} is busy or its limits for the gateway are used up: try again later."
 # The upstream's error status → the client's: its own message, and the parameter it names.
 UPSTREAM_STATUSES = StatusTable(
@@ -242,11 +243,13 @@ class Options(NetworkOptions, ChoiceOptions, ProbeOptions):
 
 def most_choices(options: Options) -> int:
     """The most choices a request may ask for: one where they are refused (the policy's 422
-    names n); a fan-out's requests each take a connection, so no more than the pool holds."""
+    names n); a fan-out's requests each take a connection, so no more than the pool holds, and
+    no more than FAN_OUT_MOST without a pool's bound (the deployment's `max_concurrent` bounds
+    them too: gateway.fleet.router)."""
     if options.n == "refuse":
         return 1
-    if options.n == "fan-out" and options.max_connections is not None:
-        return min(CAPABILITIES.max_n, options.max_connections)
+    if options.n == "fan-out":
+        return min(FAN_OUT_MOST, options.max_connections or FAN_OUT_MOST)
     return CAPABILITIES.max_n
 
 
@@ -277,10 +280,13 @@ class OpenAICompatibleBackend:
         self.url = self.options.base_url + "/chat/completions"
         self.shown_url = without_userinfo(self.options.base_url)  # for logs: never a password
         target = self.options.max_tokens_parameter
+        fan_out = self.options.n == "fan-out"
         self.capabilities = replace(
             CAPABILITIES,
             parameters={**CAPABILITIES.parameters, "max_tokens": Param(target)},
             max_n=most_choices(self.options),
+            requests_per_choice=fan_out,
+            prompt_per_choice=fan_out,
         )
         # decided once, at start: where the connections go, and how TLS is checked (a bad
         # certificate file stops the gateway here, not at the first request)

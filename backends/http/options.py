@@ -148,6 +148,7 @@ class ChoiceOptions(BaseModel):
         description='"native": the upstream is asked for n choices in one request, and an answer '
         "with fewer is refused (422 naming n), never padded; "
         '"fan-out": n requests of one choice each, run at once and joined (seeds seed, seed+1 …; '
-        "usage summed), for an upstream that ignores n (transformers serve, llama.cpp); "
+        "usage summed: the prompt counted once a choice; each request takes a slot of max_concurrent; "
+        "n at most 16), for an upstream that ignores n (transformers serve, llama.cpp); "
         '"refuse": a request for more than one choice gets 422 naming n, before the upstream is asked.',
     )

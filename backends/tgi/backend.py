@@ -86,6 +86,7 @@ class TGIBackend:
             parameters=self.parameters,
             response_formats=frozenset({"text", "json_object", "json_schema"}),
             max_n=self.options.max_n,
+            requests_per_choice=True,  # one request a choice, run at once
             max_top_logprobs=self.options.max_top_n_tokens,
             context_length=self.options.context_length,
         )

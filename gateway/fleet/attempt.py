@@ -117,7 +117,8 @@ class Attempt:
         self.metrics = metrics
         self.on_usage = on_usage
         record.deployment, record.replica = routed.name, replica.name
-        replica.started()
+        self.slots = routed.slots_for(request)
+        replica.started(self.slots)
         self.begun = time.monotonic()
         metrics.replica_health(routed.name, replica)
         self.span = self.start_span(tracing)
@@ -214,16 +215,19 @@ class Attempt:
 
     async def charge_unseen(self) -> None:
         """Closing just before the usage must not make the answer free: an answer that ended
-        without its usage is charged the prompt as admission counted it, and what was relayed."""
+        without its usage is charged the prompt as admission counted it (once a choice where
+        each choice was an upstream request of its own), and what was relayed."""
         if not self.usage_seen:
             prompt_tokens = self.request.prompt_tokens
+            if self.deployment.capabilities.prompt_per_choice:
+                prompt_tokens *= self.request.n
             self.record.prompt_tokens, self.record.completion_tokens = prompt_tokens, self.relayed
             if self.on_usage is not None:
                 await self.on_usage(Usage(prompt_tokens, self.relayed))
 
     def succeeded(self) -> None:
         self.watchdog.stop()
-        self.replica.succeeded(time.monotonic() - self.begun)
+        self.replica.succeeded(time.monotonic() - self.begun, self.slots)
         self.metrics.replica_health(self.deployment.name, self.replica)
 
     def span_failed(self, error: GatewayError) -> None:
@@ -242,11 +246,11 @@ class Attempt:
         self.watchdog.stop()
         replica = self.replica
         if verdict == "down":
-            replica.eject()
+            replica.eject(self.slots)
         elif verdict == "failed-now":
-            replica.failed()
+            replica.failed(self.slots)
         else:
-            replica.finished_without_verdict()
+            replica.finished_without_verdict(self.slots)
         self.metrics.upstream_error(self.deployment.name, replica.name, error)
         self.metrics.replica_health(self.deployment.name, replica)
         await self.events.aclose()
@@ -254,5 +258,5 @@ class Attempt:
     async def abandon(self) -> None:
         """Ended by something that says nothing of the replica (the client gone, a gateway error)."""
         self.watchdog.stop()
-        self.replica.finished_without_verdict()
+        self.replica.finished_without_verdict(self.slots)
         await self.events.aclose()

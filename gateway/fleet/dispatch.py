@@ -73,6 +73,7 @@ class Tries:
         self.last_error: GatewayError | None = None
         self.queued_until: float | None = None  # on the loop's clock: the end of its wait for room
         self.queue = queue
+        self.slots = 1  # of a replica, on the deployment tried now: one, or one a choice
 
     @property
     def left(self) -> bool:
@@ -193,11 +194,12 @@ class Dispatcher:
         tries = Tries(deployment, record, self.metrics, queue)
         chain = deployment.chain()
         for routed in chain:
+            tries.slots = routed.slots_for(request)
             while tries.left:
                 last_resort = routed is chain[-1]
                 # at once when a replica has room and nobody waits (no coroutine for the rest)
                 replica = (
-                    self.choose(routed, tries.tried, tries.never_again, last_resort)
+                    self.choose(routed, tries.tried, tries.never_again, last_resort, tries.slots)
                     if not routed.queue
                     else None
                 )
@@ -242,10 +244,12 @@ class Dispatcher:
         while True:
             # a new request does not pass those already waiting
             behind = tries.queued_until is None and len(routed.queue) > 0
-            replica = None if behind else self.choose(routed, tries.tried, tries.never_again, last_resort)
+            replica = None
+            if not behind:
+                replica = self.choose(routed, tries.tried, tries.never_again, last_resort, tries.slots)
             if replica is not None:
                 return replica
-            if not behind and not routed.full(tries.never_again):
+            if not behind and not routed.full(tries.never_again, tries.slots):
                 return None
             if tries.queued_until is None:
                 tries.queued_until = asyncio.get_running_loop().time() + routed.queue.timeout
@@ -288,16 +292,21 @@ class Dispatcher:
             self.metrics.waiting(routed.name, -1)
 
     def choose(
-        self, routed: RoutedDeployment, tried: set[str], never_again: set[str], last_resort: bool
+        self,
+        routed: RoutedDeployment,
+        tried: set[str],
+        never_again: set[str],
+        last_resort: bool,
+        slots: int = 1,
     ) -> Replica | None:
         """The next replica to try: one not tried yet; on the last deployment of the chain, one
         tried already (it may have been a blip), and with every replica ejected, one anyway
         (panic routing: an upstream that is back serves at once, not after its cool-down)."""
-        replica = routed.pick(tried | never_again, self.rng)
+        replica = routed.pick(tried | never_again, self.rng, slots)
         if replica is None and last_resort:
-            replica = routed.pick(never_again, self.rng)
+            replica = routed.pick(never_again, self.rng, slots)
             if replica is None:
-                replica = routed.pick_ejected(tried, never_again, self.rng)
+                replica = routed.pick_ejected(tried, never_again, self.rng, slots)
                 if replica is not None:
                     self.metrics.panic(routed.name)
         return replica

@@ -9,11 +9,12 @@ import math
 import random
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from backends import Backend, Capabilities, create_backend
 from gateway.config.capabilities import effective
 from gateway.config.settings import ConfigError, Deployment
+from gateway.core.canonical import ChatRequest
 from gateway.core.errors import DeploymentNotFound, ModelNotFound
 from gateway.fleet.wait_queue import WaitQueue
 
@@ -30,7 +31,8 @@ class Replica:
     marks nothing), or at once when it cannot be reached or does not answer in time. After the
     cool-down one request probes it.
 
-    It serves `limit` requests at once (`outstanding`); each one that ends wakes the request
+    It serves `limit` upstream requests at once (`outstanding`: a request takes a slot, or one
+    a choice where each choice is its own upstream request); each slot freed wakes the request
     at the head of `queue`, if one waits."""
 
     name: str
@@ -60,31 +62,36 @@ class Replica:
     def has_room(self) -> bool:
         return self.outstanding < self.limit
 
-    def released(self) -> None:
-        self.outstanding -= 1
-        if self.queue is not None and self.queue.waiters:
-            self.queue.wake()
+    def has_room_for(self, slots: int) -> bool:
+        return self.outstanding + slots <= self.limit
 
-    def started(self) -> None:
-        self.outstanding += 1
+    def released(self, slots: int = 1) -> None:
+        self.outstanding -= slots
+        queue = self.queue
+        if queue is not None:
+            for _ in range(min(slots, len(queue.waiters))):
+                queue.wake()
+
+    def started(self, slots: int = 1) -> None:
+        self.outstanding += slots
         if not self.healthy:
             self.probing = True  # this request is the probe
 
-    def succeeded(self, seconds: float) -> None:
-        self.released()
+    def succeeded(self, seconds: float, slots: int = 1) -> None:
+        self.released(slots)
         self.latency = seconds if not self.latency else 0.7 * self.latency + 0.3 * seconds
         self.consecutive_failures = 0
         self.probing = False
 
-    def finished_without_verdict(self) -> None:
+    def finished_without_verdict(self, slots: int = 1) -> None:
         """The attempt ended with no health signal yet (the client went away, the request was
         refused for its own sake, or its verdict waits on another replica)."""
-        self.released()
+        self.released(slots)
         self.probing = False
 
-    def failed(self) -> None:
+    def failed(self, slots: int = 1) -> None:
         """An attempt that failed by the replica's fault: one more in a row."""
-        self.finished_without_verdict()
+        self.finished_without_verdict(slots)
         self.count_failure()
 
     def count_failure(self) -> None:
@@ -92,9 +99,9 @@ class Replica:
         if self.consecutive_failures >= self.failures_to_eject:
             self.ejected_until = time.monotonic() + self.cooldown
 
-    def eject(self) -> None:
+    def eject(self, slots: int = 1) -> None:
         """Out at once (it cannot be reached, or did not answer in time)."""
-        self.finished_without_verdict()
+        self.finished_without_verdict(slots)
         self.consecutive_failures = max(self.consecutive_failures + 1, self.failures_to_eject)
         self.ejected_until = time.monotonic() + self.cooldown
 
@@ -108,7 +115,7 @@ class RoutedDeployment:
     fallbacks: list[RoutedDeployment] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.capabilities = effective(self.replicas[0].backend.capabilities, self.config.capabilities)
+        self.capabilities = self.declared()
         concurrency = self.config.concurrency
         self.queue = WaitQueue(concurrency.queue, concurrency.queue_timeout)
         for replica in self.replicas:
@@ -117,6 +124,20 @@ class RoutedDeployment:
     @property
     def name(self) -> str:
         return self.config.name
+
+    def declared(self) -> Capabilities:
+        """The backend's capabilities as the config narrows them; where each choice is its own
+        upstream request (a fan-out), no more choices than a replica has slots: a request takes
+        a slot a choice, so `max_concurrent` bounds the upstream requests, not the client's."""
+        found = effective(self.replicas[0].backend.capabilities, self.config.capabilities)
+        slots = min(replica.limit for replica in self.replicas)
+        if found.requests_per_choice and slots < found.max_n:
+            found = replace(found, max_n=max(1, slots))
+        return found
+
+    def slots_for(self, request: ChatRequest) -> int:
+        """The slots a request takes of the replica it goes to: one, or one a choice."""
+        return request.n if self.capabilities.requests_per_choice else 1
 
     @property
     def model(self) -> str:
@@ -130,24 +151,28 @@ class RoutedDeployment:
     def healthy(self) -> bool:
         return any(r.healthy for r in self.replicas)
 
-    def pick(self, exclude: set[str], rng: random.Random) -> Replica | None:
+    def pick(self, exclude: set[str], rng: random.Random, slots: int = 1) -> Replica | None:
         """Power of two choices: two weighted random available replicas with room; the one with
         fewer outstanding requests per weight wins, and on a tie the one that has been faster."""
         now = time.monotonic()
-        candidates = [r for r in self.replicas if r.name not in exclude and r.has_room and r.available(now)]
+        candidates = [
+            r for r in self.replicas if r.name not in exclude and r.has_room_for(slots) and r.available(now)
+        ]
         return two_choices(candidates, rng) if candidates else None
 
-    def pick_ejected(self, exclude: set[str], never: set[str], rng: random.Random) -> Replica | None:
+    def pick_ejected(
+        self, exclude: set[str], never: set[str], rng: random.Random, slots: int = 1
+    ) -> Replica | None:
         """A replica with room when none is available (every one ejected), chosen as `pick`
         chooses, one not tried yet if there is one: panic routing, as Envoy's panic threshold
         does it. `never`: replicas this request must not go back to."""
-        allowed = [r for r in self.replicas if r.name not in never and r.has_room]
+        allowed = [r for r in self.replicas if r.name not in never and r.has_room_for(slots)]
         fresh = [r for r in allowed if r.name not in exclude]
         return two_choices(fresh or allowed, rng) if allowed else None
 
-    def full(self, never: set[str]) -> bool:
+    def full(self, never: set[str], slots: int = 1) -> bool:
         """A replica this request may still go to has no room now (so waiting is worth it)."""
-        return any(not r.has_room for r in self.replicas if r.name not in never)
+        return any(not r.has_room_for(slots) for r in self.replicas if r.name not in never)
 
     def drain_seconds(self) -> int:
         """About how long the requests waiting now take to be served (for Retry-After): each

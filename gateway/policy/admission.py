@@ -37,6 +37,14 @@ class Admission:
     headers: RawHeaders = field(default_factory=list)  # sent with the answer: x-ratelimit-*
     reservation: Reservation | None = None  # what admission holds against the key's budgets
 
+    @property
+    def charged_prompt_tokens(self) -> int:
+        """The prompt as the answer's usage will charge it: once, or once a choice where each
+        choice is an upstream request of its own that reads it (a fan-out)."""
+        if self.deployment.capabilities.prompt_per_choice:
+            return self.prompt_tokens * self.request.n
+        return self.prompt_tokens
+
 
 class Policy:
     """The parts the steps use, built once per runtime from the settings."""

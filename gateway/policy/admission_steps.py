@@ -175,7 +175,7 @@ class RateLimits:
         return self.take(admission, buckets) if buckets else None
 
     async def take(self, admission: Admission, buckets: list[Bucket]) -> None:
-        verdict = await self.limiter.take(buckets, admission.prompt_tokens)
+        verdict = await self.limiter.take(buckets, admission.charged_prompt_tokens)
         if not verdict.allowed:
             oversized = too_large(verdict)  # looked for only once refused: no cost when admitted
             admission.record.rate_limited = "tokens" if oversized else limited_kinds(verdict)
@@ -208,7 +208,7 @@ class Budgets:
         # a hard budget holds the most the answer may generate, too
         hard = any(b.hard for b in key.budgets)
         completion = most_generated(request, admission.deployment.capabilities) if hard else 0
-        held = reservation(found, admission.prompt_tokens, self.price, completion)
+        held = reservation(found, admission.charged_prompt_tokens, self.price, completion)
         used_up = await limiter.reserve(held)
         if used_up is not None:
             admission.record.rate_limited = "budget"

@@ -55,7 +55,7 @@ class ChargeTokenLimits:
         if not admission.buckets:
             return None
         # what admission took was the prompt's estimate; a reported prompt count corrects it
-        correction = usage.prompt_tokens - admission.prompt_tokens if usage.prompt_tokens else 0
+        correction = usage.prompt_tokens - admission.charged_prompt_tokens if usage.prompt_tokens else 0
         return self.limiter.charge(admission.buckets, usage.completion_tokens + correction)
 
 

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from backends.http.status import redacted
-from gateway.config.capabilities import effective
 from gateway.fleet.router import Replica, RoutedDeployment, Router
 from gateway.probes.findings import ProbeReport, ProbeUnavailable
 from gateway.probes.narrowing import narrowed, not_honoured, refused_requests
@@ -152,7 +151,7 @@ class DeploymentProbes:
             task.add_done_callback(self.tasks.discard)
 
     async def keep_probing(self, name: str, routed: RoutedDeployment) -> None:
-        declared = effective(routed.replicas[0].backend.capabilities, routed.config.capabilities)
+        declared = routed.declared()
         tries = 0
         while True:
             found = await probe_deployment(routed)
