@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -491,6 +492,12 @@ class TracingSettings(Strict):
     sample_ratio: float = Field(default=1.0, ge=0, le=1, description="of traces that have no parent")
 
 
+def given_twice(names: Iterable[str]) -> list[str]:
+    """The names given more than once, sorted (in one pass: a keys file holds thousands)."""
+    counts = Counter(names)
+    return sorted(name for name, count in counts.items() if count > 1)
+
+
 class Settings(Strict):
     auth: Literal["keys", "none"] | None = Field(
         default=None,
@@ -553,8 +560,7 @@ class Settings(Strict):
     @field_validator("deployments")
     @classmethod
     def unique_deployment_names(cls, deployments: list[Deployment]) -> list[Deployment]:
-        names = [d.name for d in deployments]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
+        duplicates = given_twice(d.name for d in deployments)
         if duplicates:
             raise ValueError(f"deployment names must be unique: {', '.join(duplicates)}")
         return deployments
@@ -562,8 +568,7 @@ class Settings(Strict):
     @field_validator("keys")
     @classmethod
     def unique_key_names(cls, keys: list[Key]) -> list[Key]:
-        names = [k.name for k in keys]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
+        duplicates = given_twice(k.name for k in keys)
         if duplicates:
             raise ValueError(f"key names must be unique (config and keys file): {', '.join(duplicates)}")
         return keys

@@ -6,7 +6,6 @@ header …). The gateway is open only when the settings say so (no keys and no k
 from __future__ import annotations
 
 import hashlib
-import hmac
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -47,7 +46,9 @@ ANONYMOUS = Caller(None)
 class KeyStore:
     def __init__(self, keys: list[Key], required: bool | None = None) -> None:
         """`required`: whether every request needs a key (default: when there are keys)."""
-        self.keys = [(bytes.fromhex(k.sha256), k) for k in keys]
+        # by digest: a lookup costs the same with 20,000 keys as with one (what is looked up is
+        # the SHA-256 of what was presented, so its time tells nothing of a stored key)
+        self.keys = {bytes.fromhex(k.sha256): k for k in keys}
         self.required = bool(keys) if required is None else required
 
     @property
@@ -55,13 +56,8 @@ class KeyStore:
         return self.required
 
     def find(self, presented: str) -> Key | None:
-        """The key whose hash matches; every stored hash is compared, in constant time."""
-        presented_digest = digest(presented)
-        found = None
-        for stored_digest, key in self.keys:
-            if hmac.compare_digest(stored_digest, presented_digest):
-                found = key
-        return found
+        """The key whose hash is the presented key's."""
+        return self.keys.get(digest(presented))
 
 
 def expired(key: Key) -> bool:

@@ -120,7 +120,9 @@ class GatewayServer(uvicorn.Server):
 
     async def reload(self, why: str) -> None:
         running = self.watch.settings, self.watch.source
-        settings = self.watch.take(why)
+        # read, parsed and validated in a thread: a keys file of 20,000 keys takes seconds of
+        # YAML, and the loop keeps answering meanwhile (one reload at a time: on_tick)
+        settings = await asyncio.to_thread(self.watch.take, why)
         if settings is None:
             return
         if (split := split_between_workers(settings, self.workers)) is not None:
