@@ -261,7 +261,8 @@ class Key(Strict):
 
     model_config = ConfigDict(json_schema_extra=one_of("sha256", "sha256_file"))
 
-    name: str = Field(min_length=1)
+    # printable: a name reaches terminals (`chatgate keys list`), logs and metrics' labels
+    name: str = Field(min_length=1, pattern=r"^[^\x00-\x1f\x7f-\x9f]+$")
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="The key's SHA-256, in hex.")
     sha256_file: Path | None = Field(default=None, description="A file holding the SHA-256 instead.")
     deployments: list[str] = Field(default_factory=lambda: ["*"])

@@ -12,7 +12,9 @@ no content at all (an empty list of keys is written `[]`), a mapping key given t
 
 from __future__ import annotations
 
+import logging
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -24,6 +26,8 @@ from pydantic import ValidationError
 from gateway.config.environment import CONFIG, Environment
 from gateway.config.settings import Settings, check_backends, expand_references
 from gateway.core.options import ConfigError, describe
+
+log = logging.getLogger("chatgate")
 
 if TYPE_CHECKING:
     SafeLoader = yaml.SafeLoader
@@ -135,6 +139,8 @@ class Source:
         return settings
 
     def keys_of_file(self, named: Path) -> list[Any]:
+        if (why := loose(named)) is not None:
+            log.warning("%s", why)
         data = self.keys if named == self.keys_path else current_bytes(named)
         if data is None:
             read_bytes(named, "keys file")  # raises with the reason
@@ -144,6 +150,17 @@ class Source:
         if not isinstance(entries, list):
             raise ConfigError(f"keys file {named}: must be a list of keys")
         return entries
+
+
+def loose(path: Path) -> str | None:
+    """What is wrong with a keys file every user may write (anyone could add a key), if it is."""
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+    except OSError:
+        return None
+    if not mode & stat.S_IWOTH:
+        return None
+    return f"keys file {path} is writable by every user (mode {mode:04o}): anyone can add a key (chmod o-w)"
 
 
 def keys_file_named(config: bytes | None, config_path: Path) -> Path | None:
