@@ -118,7 +118,7 @@ class Attempt:
         self.on_usage = on_usage
         record.deployment, record.replica = routed.name, replica.name
         self.slots = routed.slots_for(request)
-        replica.started(self.slots)
+        replica.started(self.slots, record.key)
         self.begun = time.monotonic()
         metrics.replica_health(routed.name, replica)
         self.span = self.start_span(tracing)
@@ -227,7 +227,7 @@ class Attempt:
 
     def succeeded(self) -> None:
         self.watchdog.stop()
-        self.replica.succeeded(time.monotonic() - self.begun, self.slots)
+        self.replica.succeeded(time.monotonic() - self.begun, self.slots, self.record.key)
         self.metrics.replica_health(self.deployment.name, self.replica)
 
     def span_failed(self, error: GatewayError) -> None:
@@ -246,11 +246,11 @@ class Attempt:
         self.watchdog.stop()
         replica = self.replica
         if verdict == "down":
-            replica.eject(self.slots)
+            replica.eject(self.slots, self.record.key)
         elif verdict == "failed-now":
-            replica.failed(self.slots)
+            replica.failed(self.slots, self.record.key)
         else:
-            replica.finished_without_verdict(self.slots)
+            replica.finished_without_verdict(self.slots, self.record.key)
         self.metrics.upstream_error(self.deployment.name, replica.name, error)
         self.metrics.replica_health(self.deployment.name, replica)
         await self.events.aclose()
@@ -258,5 +258,5 @@ class Attempt:
     async def abandon(self) -> None:
         """Ended by something that says nothing of the replica (the client gone, a gateway error)."""
         self.watchdog.stop()
-        self.replica.finished_without_verdict(self.slots)
+        self.replica.finished_without_verdict(self.slots, self.record.key)
         await self.events.aclose()

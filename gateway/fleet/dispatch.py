@@ -253,16 +253,24 @@ class Dispatcher:
                 return None
             if tries.queued_until is None:
                 tries.queued_until = asyncio.get_running_loop().time() + routed.queue.timeout
-                await self.wait_for_room(routed, tries.queue, tries.queued_until)
+                await self.wait_for_room(routed, tries.queue, tries.queued_until, key=tries.record.key)
             else:  # woken, and the room went to another (or is on a replica it left)
-                await self.wait_for_room(routed, tries.queue, tries.queued_until, again=True)
+                await self.wait_for_room(
+                    routed, tries.queue, tries.queued_until, again=True, key=tries.record.key
+                )
 
     async def wait_for_room(
-        self, routed: RoutedDeployment, waiting: QueueWait | None, until: float, again: bool = False
+        self,
+        routed: RoutedDeployment,
+        waiting: QueueWait | None,
+        until: float,
+        again: bool = False,
+        key: str = "",
     ) -> None:
         """Wait in the deployment's queue until a replica frees a slot; a 503 with Retry-After
-        when the queue is full or the wait reaches `until`. `again`: woken before (and the slot
-        taken by another, or on a replica this request may not go back to), it waits at the head.
+        when the queue is full (for this request's key: gateway/fleet/wait_queue.py) or the wait
+        reaches `until`. `again`: woken before (and the slot taken by another, or on a replica
+        this request may not go back to), it waits at the head.
 
         503, not 429: the deployment is busy, not this client over its own limits; clients and
         proxies retry a 503 with Retry-After elsewhere or later, as they do a busy upstream's."""
@@ -271,7 +279,7 @@ class Dispatcher:
             waiting.queued = True
         self.metrics.waiting(routed.name, +1)
         try:
-            await queue.wait(until, first=again)
+            await queue.wait(until, first=again, key=key)
         except QueueFull:
             raise ServiceUnavailable(
                 f"Every replica of '{routed.name}' is busy and {len(queue)} requests wait already; "

@@ -65,33 +65,40 @@ class Replica:
     def has_room_for(self, slots: int) -> bool:
         return self.outstanding + slots <= self.limit
 
-    def released(self, slots: int = 1) -> None:
+    def released(self, slots: int = 1, key: str = "") -> None:
         self.outstanding -= slots
         queue = self.queue
         if queue is not None:
-            for _ in range(min(slots, len(queue.waiters))):
+            left = queue.running[key] - slots
+            if left > 0:
+                queue.running[key] = left
+            else:
+                del queue.running[key]
+            for _ in range(min(slots, len(queue))):
                 queue.wake()
 
-    def started(self, slots: int = 1) -> None:
+    def started(self, slots: int = 1, key: str = "") -> None:
         self.outstanding += slots
+        if self.queue is not None:
+            self.queue.running[key] += slots
         if not self.healthy:
             self.probing = True  # this request is the probe
 
-    def succeeded(self, seconds: float, slots: int = 1) -> None:
-        self.released(slots)
+    def succeeded(self, seconds: float, slots: int = 1, key: str = "") -> None:
+        self.released(slots, key)
         self.latency = seconds if not self.latency else 0.7 * self.latency + 0.3 * seconds
         self.consecutive_failures = 0
         self.probing = False
 
-    def finished_without_verdict(self, slots: int = 1) -> None:
+    def finished_without_verdict(self, slots: int = 1, key: str = "") -> None:
         """The attempt ended with no health signal yet (the client went away, the request was
         refused for its own sake, or its verdict waits on another replica)."""
-        self.released(slots)
+        self.released(slots, key)
         self.probing = False
 
-    def failed(self, slots: int = 1) -> None:
+    def failed(self, slots: int = 1, key: str = "") -> None:
         """An attempt that failed by the replica's fault: one more in a row."""
-        self.finished_without_verdict(slots)
+        self.finished_without_verdict(slots, key)
         self.count_failure()
 
     def count_failure(self) -> None:
@@ -99,9 +106,9 @@ class Replica:
         if self.consecutive_failures >= self.failures_to_eject:
             self.ejected_until = time.monotonic() + self.cooldown
 
-    def eject(self, slots: int = 1) -> None:
+    def eject(self, slots: int = 1, key: str = "") -> None:
         """Out at once (it cannot be reached, or did not answer in time)."""
-        self.finished_without_verdict(slots)
+        self.finished_without_verdict(slots, key)
         self.consecutive_failures = max(self.consecutive_failures + 1, self.failures_to_eject)
         self.ejected_until = time.monotonic() + self.cooldown
 
