@@ -31,6 +31,7 @@ import aiohttp
 from aiohttp import http_exceptions
 from yarl import URL
 
+from backends.http.resolver import UpstreamResolver
 from gateway.core.memory import release_free_memory
 
 # Once an answer this large is let go of, the heap's free pages go back to the system.
@@ -179,6 +180,7 @@ class UpstreamClient:
             force_close=not keep,
             keepalive_timeout=limits.keepalive_seconds if keep else None,
             ssl=self.ssl,
+            resolver=UpstreamResolver(),
         )
         return aiohttp.ClientSession(
             connector=connector,

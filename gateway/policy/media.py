@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import mimetypes
-import socket
 import stat
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -48,6 +47,7 @@ from gateway.core.errors import (
     PayloadTooLarge,
     UnprocessableContent,
 )
+from gateway.core.lookups import IMAGE_HOSTS
 from gateway.policy.media_addresses import AddressScreen
 from gateway.policy.media_url import (
     CONTROL,
@@ -73,11 +73,6 @@ CODES: dict[type[GatewayError], str] = {
     PayloadTooLarge: "ImageTooLarge",
     UnprocessableContent: "ImageNotFetched",
 }
-
-
-async def system_resolver(host: str) -> list[str]:
-    infos = await asyncio.get_running_loop().getaddrinfo(host, None, type=socket.SOCK_STREAM)
-    return [str(info[4][0]) for info in infos]
 
 
 def image_urls(messages: list[dict[str, Any]]) -> Iterator[tuple[int, int, dict[str, Any]]]:
@@ -129,7 +124,7 @@ class MediaBudget:
 
 
 class MediaPolicy:
-    def __init__(self, settings: Media, resolve: Resolver = system_resolver) -> None:
+    def __init__(self, settings: Media, resolve: Resolver = IMAGE_HOSTS.addresses) -> None:
         self.root = settings.allowed_local_media_path
         self.max_local_bytes = settings.max_local_media_bytes
         self.remote_images = settings.remote_images

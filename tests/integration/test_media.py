@@ -27,8 +27,9 @@ from hypothesis import strategies as st
 from gateway.config.settings import Media
 from gateway.core.canonical import ChatRequest
 from gateway.core.errors import BadRequest, Forbidden, GatewayError, NotFound, PayloadTooLarge
+from gateway.core.lookups import IMAGE_HOSTS
 from gateway.http.documents import load_document
-from gateway.policy.media import MediaPolicy, system_resolver
+from gateway.policy.media import MediaPolicy
 from gateway.policy.media_url import parse_image_url
 from tests.support.servers import running_gateway
 
@@ -45,7 +46,7 @@ NAMES = {
 
 async def fake_resolver(host: str) -> list[str]:
     if not host.isascii():
-        return await system_resolver(host)  # what the system's resolver makes of a name that is none
+        return await IMAGE_HOSTS.addresses(host)  # what the system's resolver makes of a name that is none
     if host not in NAMES:
         raise OSError(f"unknown host {host}")
     return NAMES[host]
