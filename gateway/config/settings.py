@@ -415,7 +415,11 @@ class ClientLimits(Strict):
 class MediaFetch(Strict):
     """How the gateway fetches a remote image (`media.remote_images: fetch`)."""
 
-    timeout: float = Field(default=10.0, gt=0, description="seconds for one image, redirects included")
+    timeout: float = Field(
+        default=10.0,
+        gt=0,
+        description="seconds for a request's images, fetched at once (four at a time), redirects included",
+    )
     max_redirects: int = Field(default=3, ge=0, description="redirects followed, each target screened")
     max_bytes: int = Field(
         default=20 * 1024 * 1024, ge=1, description="the largest image fetched; larger: 413"
@@ -452,6 +456,12 @@ class Media(Strict):
         default=64 * 1024 * 1024,
         ge=1,
         description="bytes of local and fetched images together in one request; more: 413",
+    )
+    max_media_bytes_in_flight: int = Field(
+        default=256 * 1024 * 1024,
+        ge=1,
+        description="bytes of read and fetched images a worker holds at once, across its requests "
+        "(until each request's answer ends); a request that would pass it: 503 with Retry-After",
     )
     fetch: MediaFetch = MediaFetch()
 

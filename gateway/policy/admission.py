@@ -16,7 +16,7 @@ from gateway.policy.auth import Caller
 from gateway.policy.budgets import Reservation
 from gateway.policy.content_filter import Filter
 from gateway.policy.limits import Bucket, Limiter, RawHeaders, buckets_for
-from gateway.policy.media import MediaPolicy
+from gateway.policy.media import HeldMedia, MediaPolicy
 from gateway.telemetry.record import RequestRecord
 
 
@@ -36,6 +36,7 @@ class Admission:
     buckets: list[Bucket] = field(default_factory=list)
     headers: RawHeaders = field(default_factory=list)  # sent with the answer: x-ratelimit-*
     reservation: Reservation | None = None  # what admission holds against the key's budgets
+    media: HeldMedia | None = None  # what its images hold of the worker's memory for them
 
     @property
     def charged_prompt_tokens(self) -> int:

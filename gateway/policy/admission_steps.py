@@ -236,4 +236,7 @@ class MediaScreen:
             return None
         assert admission.receive is not None, "a dialect that screens media hands the receive channel"
         # files read and images fetched stop when the client leaves
-        return unless_client_leaves(self.media.screen(admission.request), admission.receive)
+        return unless_client_leaves(self.screened(admission), admission.receive)
+
+    async def screened(self, admission: Admission) -> None:
+        admission.media = await self.media.screen(admission.request)

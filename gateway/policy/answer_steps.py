@@ -101,6 +101,28 @@ class ReleaseUnsettled:
         return None if held is None or held.settled else release_unsettled(self.limiter, held)
 
 
+class ReleaseMedia:
+    """The worker's memory that a request's images held, given back when its answer ends."""
+
+    title = "images' memory given back"
+    screens, ends = False, True
+
+    @staticmethod
+    def needed(policy: Policy, routed: RoutedDeployment) -> bool:
+        return policy.media.holds_images
+
+    def __init__(self, policy: Policy, routed: RoutedDeployment) -> None:
+        pass
+
+    def screen(self, admission: Admission) -> Screen | None:
+        return None
+
+    def end(self, admission: Admission) -> Awaitable[None] | None:
+        if admission.media is not None:
+            admission.media.release()
+        return None
+
+
 async def release_unsettled(limiter: Limiter, held: Reservation) -> None:
     """Give back a reservation no answer settled (the request was refused, or its answer ended
     without a usage); once settled, nothing."""

@@ -45,6 +45,7 @@ from gateway.core.errors import (
     GatewayError,
     NotFound,
     PayloadTooLarge,
+    ServiceUnavailable,
     UnprocessableContent,
 )
 from gateway.core.lookups import IMAGE_HOSTS
@@ -65,6 +66,7 @@ if TYPE_CHECKING:
 # host → the addresses it resolves to (raises OSError when it resolves to none)
 Resolver = Callable[[str], Awaitable[list[str]]]
 Loc = list[str | int]
+FETCHES_AT_ONCE = 4  # a request's remote images fetched at once
 FORMS = "a base64 data: URL, an http(s) URL, or a path under the server's allowed local media directory"
 CODES: dict[type[GatewayError], str] = {
     BadRequest: "InvalidImage",
@@ -123,6 +125,39 @@ class MediaBudget:
         return refused(message, loc, value, PayloadTooLarge)
 
 
+class MediaInFlight:
+    """The bytes of images this worker holds now (read or fetched, until each request's answer
+    ends), across its requests: at most `most`."""
+
+    def __init__(self, most: int) -> None:
+        self.most = most
+        self.held = 0
+
+
+class HeldMedia:
+    """What one request holds of the worker's bytes in flight; given back when its answer ends."""
+
+    def __init__(self, in_flight: MediaInFlight) -> None:
+        self.in_flight = in_flight
+        self.size = 0
+
+    def take(self, size: int) -> None:
+        in_flight = self.in_flight
+        if in_flight.held + size > in_flight.most:
+            raise ServiceUnavailable(
+                "The gateway holds as many images as it may at once (media.max_media_bytes_in_flight); "
+                "try again later.",
+                code="MediaBusy",
+                headers={"Retry-After": "1"},
+            )
+        in_flight.held += size
+        self.size += size
+
+    def release(self) -> None:
+        self.in_flight.held -= self.size
+        self.size = 0
+
+
 class MediaPolicy:
     def __init__(self, settings: Media, resolve: Resolver = IMAGE_HOSTS.addresses) -> None:
         self.root = settings.allowed_local_media_path
@@ -132,6 +167,8 @@ class MediaPolicy:
         self.max_images = settings.max_images_per_request
         self.max_request_bytes = settings.max_media_bytes_per_request
         self.max_fetched_bytes = settings.fetch.max_bytes
+        self.fetch_timeout = settings.fetch.timeout
+        self.in_flight = MediaInFlight(settings.max_media_bytes_in_flight)
         self.fetcher: ImageFetcher | None = None
         if self.remote_images == "fetch":  # aiohttp is loaded only where images are fetched (12 MB)
             from gateway.policy.media_fetch import ImageFetcher
@@ -139,12 +176,28 @@ class MediaPolicy:
             self.fetcher = ImageFetcher(settings.fetch)
         self.resolve = resolve
 
+    @property
+    def holds_images(self) -> bool:
+        """Whether a request's images may hold the worker's memory: local files read, or remote
+        images fetched (a data: URL the client sent is the request's own)."""
+        return self.root is not None or self.fetcher is not None
+
     def names_images(self, request: ChatRequest) -> bool:
         return any(True for _ in image_urls(request.messages))
 
-    async def screen(self, request: ChatRequest) -> None:
+    async def screen(self, request: ChatRequest) -> HeldMedia:
         """Refuse an image in none of the three forms or from where this server takes none;
-        read a local one, or fetch a remote one, into a data: URL."""
+        read a local one, or fetch a remote one, into a data: URL. What the request holds of
+        the worker's bytes in flight is given back by the caller when its answer ends."""
+        held = HeldMedia(self.in_flight)
+        try:
+            await self.screened(request, held)
+        except BaseException:
+            held.release()
+            raise
+        return held
+
+    async def screened(self, request: ChatRequest, held: HeldMedia) -> None:
         local: list[LocalImage] = []
         remote: list[RemoteImage] = []
         resolved: dict[str, list[str]] = {}  # a host named twice is looked up once
@@ -170,18 +223,40 @@ class MediaPolicy:
                 kind=PayloadTooLarge,
             )
         budget = MediaBudget(self.max_request_bytes)
-        replaced = await self.read_all(local, budget)
-        fetched: dict[str, tuple[str, int]] = {}  # a URL named twice is fetched once
-        for image in remote:
-            if self.remote_images == "forward":
-                replaced[image.at] = image.url.text
-                continue
-            if image.url.text not in fetched:
-                fetched[image.url.text] = await self.fetch(image, budget, resolved)
-            replaced[image.at], size = fetched[image.url.text]
-            budget.take(size, image.loc, image.url.text)
+        replaced = await self.read_all(local, budget, held)
+        if self.remote_images == "forward":
+            replaced.update((image.at, image.url.text) for image in remote)
+        elif remote:
+            fetched = await self.fetch_all(remote, budget, resolved, held)
+            for image in remote:
+                replaced[image.at], size = fetched[image.url.text]
+                budget.take(size, image.loc, image.url.text)
         if replaced:
             request.messages = with_urls(request.messages, replaced)
+
+    async def fetch_all(
+        self, images: list[RemoteImage], budget: MediaBudget, resolved: dict[str, list[str]], held: HeldMedia
+    ) -> dict[str, tuple[str, int]]:
+        """Each URL's image as a data: URL and its size, once however often it is named: fetched
+        FETCHES_AT_ONCE at a time, all within one `fetch.timeout`."""
+        first: dict[str, RemoteImage] = {}
+        for image in images:
+            first.setdefault(image.url.text, image)
+        gate = asyncio.Semaphore(FETCHES_AT_ONCE)
+        deadline = asyncio.get_running_loop().time() + self.fetch_timeout
+
+        async def one(image: RemoteImage) -> tuple[str, int]:
+            async with gate:
+                return await self.fetch(image, budget, resolved, held, deadline)
+
+        tasks = [asyncio.ensure_future(one(image)) for image in first.values()]
+        try:
+            found = await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        return dict(zip(first, found, strict=True))
 
     # ----- http(s) URLs -------------------------------------------------------------------------
 
@@ -242,7 +317,12 @@ class MediaPolicy:
         return addresses
 
     async def fetch(
-        self, image: RemoteImage, budget: MediaBudget, resolved: dict[str, list[str]]
+        self,
+        image: RemoteImage,
+        budget: MediaBudget,
+        resolved: dict[str, list[str]],
+        held: HeldMedia,
+        deadline: float,
     ) -> tuple[str, int]:
         """The image as a data: URL, and its size (taken from the budget by the caller)."""
         limit = min(self.max_fetched_bytes, budget.left)
@@ -253,7 +333,7 @@ class MediaPolicy:
 
         assert self.fetcher is not None
         try:
-            media_type, data = await self.fetcher.fetch(image.url, screen, limit)
+            media_type, data = await self.fetcher.fetch(image.url, screen, limit, held.take, deadline)
         except TooLarge:
             if limit < self.max_fetched_bytes:
                 raise budget.exceeded(image.loc, sent) from None
@@ -305,11 +385,14 @@ class MediaPolicy:
             raise refused("No image file at this path.", loc, str(path), NotFound)
         return real, status.st_size
 
-    async def read_all(self, images: list[LocalImage], budget: MediaBudget) -> dict[tuple[int, int], str]:
+    async def read_all(
+        self, images: list[LocalImage], budget: MediaBudget, held: HeldMedia
+    ) -> dict[tuple[int, int], str]:
         """Each file as a data: URL, once however often it is named; the sizes first, so that
         a request over the cap is refused before anything is read."""
         for image in images:
             budget.take(image.size, image.loc, image.named)
+        held.take(sum(image.size for image in images))
         read: dict[Path, str] = {}
         for image in images:
             if image.real not in read:

@@ -63,16 +63,22 @@ class ImageFetcher:
         self.timeout = settings.timeout
         self.max_redirects = settings.max_redirects
 
-    async def fetch(self, url: ImageURL, screen: Screen, limit: int) -> tuple[str, bytes]:
-        """(media type, bytes) of the image at `url`; at most `limit` bytes, else TooLarge."""
+    async def fetch(
+        self, url: ImageURL, screen: Screen, limit: int, hold: Callable[[int], None], deadline: float
+    ) -> tuple[str, bytes]:
+        """(media type, bytes) of the image at `url`; at most `limit` bytes, else TooLarge.
+        `hold` is told of each piece read as it arrives (it raises to stop the read); by
+        `deadline` (the loop's clock: the request's images share one `fetch.timeout`)."""
         resolver = PinnedResolver()
         connector = aiohttp.TCPConnector(resolver=resolver, use_dns_cache=False, force_close=True)
         session = aiohttp.ClientSession(connector=connector, auto_decompress=False, trust_env=False)
         try:
-            async with session, asyncio.timeout(self.timeout):
-                return await self.follow(session, resolver, url, screen, limit)
+            async with session, asyncio.timeout_at(deadline):
+                return await self.follow(session, resolver, url, screen, limit, hold)
         except TimeoutError:
-            raise FetchFailed(f"no answer within {self.timeout:g} s (media.fetch.timeout)") from None
+            raise FetchFailed(
+                f"no answer within {self.timeout:g} s, the time for a request's images (media.fetch.timeout)"
+            ) from None
         except aiohttp.ClientError as error:
             raise FetchFailed(f"the connection failed ({type(error).__name__})") from None
 
@@ -83,6 +89,7 @@ class ImageFetcher:
         url: ImageURL,
         screen: Screen,
         limit: int,
+        hold: Callable[[int], None],
     ) -> tuple[str, bytes]:
         for _hop in range(self.max_redirects + 1):
             if url.address is None:
@@ -96,7 +103,7 @@ class ImageFetcher:
                     continue
                 if response.status != 200:
                     raise FetchFailed(f"its server answered {response.status}")
-                return await image_of(response, limit)
+                return await image_of(response, limit, hold)
         raise FetchFailed(f"more than {self.max_redirects} redirects (media.fetch.max_redirects)")
 
 
@@ -107,7 +114,9 @@ def redirect_target(url: ImageURL, location: str) -> ImageURL:
         raise FetchFailed(f"it redirects to a URL the gateway does not follow: {error}") from None
 
 
-async def image_of(response: aiohttp.ClientResponse, limit: int) -> tuple[str, bytes]:
+async def image_of(
+    response: aiohttp.ClientResponse, limit: int, hold: Callable[[int], None]
+) -> tuple[str, bytes]:
     media_type = response.content_type
     if not media_type.startswith("image/"):
         raise FetchFailed(f"it is not an image (Content-Type: {media_type})")
@@ -118,6 +127,7 @@ async def image_of(response: aiohttp.ClientResponse, limit: int) -> tuple[str, b
         raise TooLarge()
     data = bytearray()
     async for chunk in response.content.iter_chunked(CHUNK_BYTES):
+        hold(len(chunk))
         data += chunk
         if len(data) > limit:
             raise TooLarge()

@@ -41,6 +41,7 @@ from gateway.policy.answer_steps import (
     ChargeTokenLimits,
     Cost,
     OutputFilter,
+    ReleaseMedia,
     ReleaseUnsettled,
     Screen,
     SettleBudgets,
@@ -122,7 +123,7 @@ ADMISSION: tuple[StepKind[AdmissionStep], ...] = (
     MediaScreen,
 )
 ANSWER_USAGE: tuple[StepKind[UsageStep], ...] = (Cost, ChargeTokenLimits, SettleBudgets)
-ANSWER_ITEMS: tuple[StepKind[ItemStep], ...] = (ReleaseUnsettled, OutputFilter)
+ANSWER_ITEMS: tuple[StepKind[ItemStep], ...] = (ReleaseUnsettled, ReleaseMedia, OutputFilter)
 
 
 @dataclass(slots=True)

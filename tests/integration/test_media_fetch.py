@@ -12,6 +12,8 @@ import asyncio
 import base64
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -288,3 +290,28 @@ def test_the_gateway_forwards_the_url_it_screened(forwarding_gateway: str, upstr
     assert response.status_code == 200, response.text
     sent = upstream.chat_bodies()[-1]["messages"][0]["content"][1]["image_url"]["url"]
     assert sent == "http://1.0.0.1/a%20b.png?q=1"
+
+
+def test_the_images_a_worker_holds_at_once_are_bounded(tmp_path: Path, upstream: MediaUpstream):
+    """Four requests at once, each fetching an image whose first 1.5 MB arrive and the rest never
+    does, against 4 MiB a worker may hold: some are refused with 503 MediaBusy while the others
+    hold theirs; once they end (the fetch's time runs out), what they held is given back."""
+    config = {
+        "media": {
+            "remote_images": "fetch",
+            "allowed_private_networks": ["127.0.0.1/32"],
+            "max_media_bytes_in_flight": 4 * 1024 * 1024,
+            "fetch": {"timeout": 3, "max_bytes": MAX_BYTES * 4},
+        },
+        "deployments": [{"name": "vision", "backend": "echo"}],
+    }
+    with gateway_process(tmp_path, config) as process, ThreadPoolExecutor(4) as pool:
+        held = f"{upstream.url}/held.png?bytes=1500000"
+        answers = list(pool.map(lambda _: ovms(process.url, held), range(4)))
+        statuses = sorted(answer.status_code for answer in answers)
+        busy = [answer for answer in answers if answer.status_code == 503]
+        assert busy, statuses
+        assert all("max_media_bytes_in_flight" in answer.json()["error"] for answer in busy)
+        assert set(statuses) <= {422, 503}, statuses  # the held ones ran out of time
+        after = ovms(process.url, f"{upstream.url}/zebra.png")
+        assert after.status_code == 200, after.text

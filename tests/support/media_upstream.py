@@ -83,6 +83,12 @@ class MediaUpstream(LoopbackServer):
             await respond(writer, 200, b"<html>not an image</html>", "text/html")
         elif path == "/gzip.png":
             await respond(writer, 200, PNG, "image/png", {"content-encoding": "gzip"})
+        elif path == "/held.png":  # `bytes` of a twice larger image, then nothing until hung up on
+            size = int(query["bytes"][0])
+            head = f"HTTP/1.1 200 OK\r\ncontent-type: image/png\r\ncontent-length: {2 * size}\r\n\r\n"
+            writer.write(head.encode() + b"\0" * size)
+            await writer.drain()
+            await reader.read()
         elif path == "/slow.png":
             await reader.read()  # answers nothing; returns when the client hangs up
             self.slow_hung_up.set()
