@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from gateway.core.canonical import Choice, Completion, Finish, RefusalDelta, TextDelta, Usage
-from gateway.core.errors import BadRequest, GatewayError, TooManyRequests
+from gateway.core.errors import BadRequest, GatewayError, ServiceUnavailable
 from gateway.dialects.anthropic import AnthropicSSE, tool_use_id
 from tests.support.documents import response_errors
 from tests.unit.dialects import cases
@@ -420,12 +420,12 @@ STREAMS = [
 
 ERRORS = [
     ErrorCase(
-        "a hidden deployment is not found, as an unknown model",
+        "a hidden deployment is a permission error",
         cases.HIDDEN_DEPLOYMENT,
-        404,
+        403,
         {
             "type": "error",
-            "error": {"type": "not_found_error", "message": "model: text-only"},
+            "error": {"type": "permission_error", "message": cases.HIDDEN_DEPLOYMENT.message},
             "request_id": "request-1",
         },
         {"request-id": "request-1"},
@@ -571,9 +571,10 @@ def test_the_keepalive_is_a_ping_event():
     assert AnthropicSSE.keepalive == b'event: ping\ndata: {"type":"ping"}\n\n'
 
 
-def test_a_429_without_retry_after_gets_one():
-    rendered = TRANSLATOR.error(TooManyRequests("Busy."), "request-1")
-    assert (rendered.status, rendered.headers["retry-after"]) == (429, "1")
+def test_overloaded_is_529_with_retry_after():
+    rendered = TRANSLATOR.error(ServiceUnavailable("Queue full."), "request-1")
+    assert (rendered.status, rendered.headers["retry-after"]) == (529, "1")
+    assert rendered.body["error"]["type"] == "overloaded_error"
 
 
 def test_minimal_body_still_reads_without_tools():
