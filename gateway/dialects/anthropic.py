@@ -441,5 +441,5 @@ DIALECT = Dialect(
     chat_operations=("createMessage",),
     operations=operations,
     screens_media=True,
-    probes=None,
+    probes="anthropic",
 )
