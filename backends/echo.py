@@ -348,7 +348,7 @@ class EchoBackend:
                 if following and (start // step) % turn_every == 0:
                     yield TURN
             completion_tokens += start
-            yield Finish(index, words.reason)
+            yield Finish(index, words.reason, words.stop if words.reason == "stop_sequence" else None)
             if index + 1 < request.n:
                 yield TURN
         yield Usage(prompt_tokens, completion_tokens, COMPLETION_DETAILS, PROMPT_DETAILS)
@@ -370,11 +370,13 @@ class Words:
 
     def __init__(self, text: str, request: ChatRequest) -> None:
         self.reason: FinishReason = "stop"
+        self.stop: str | None = None  # the stop string that matched
         found = [(at, stop) for stop in request.stop if stop and (at := text.find(stop)) >= 0]
         if found:
             at, stop = min(found, key=lambda match: (match[0], -len(match[1])))
             keep = bool(request.options.get("include_stop_str_in_output"))  # OVMS's, for one
             text, self.reason = text[: at + len(stop) if keep else at], "stop_sequence"
+            self.stop = stop
         self.limit = request.max_tokens
         self.split: list[str] = []
         self.rest: Iterator[re.Match[str]] | None = None

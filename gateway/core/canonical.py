@@ -54,6 +54,9 @@ class ChatRequest:
     # The client asked in OpenAI's deprecated `functions` / `function_call` (and sent no
     # `tools`): a call is answered as `function_call`, as that client reads it.
     legacy_functions: bool = False
+    # Parameters the dialect read and dropped, having no meaning on any backend here (Anthropic's
+    # `thinking`, `cache_control` …): named in the answer's dropped-params header, never silent.
+    ignored: list[str] = field(default_factory=list)
 
 
 class FromToken(Enum):
@@ -119,8 +122,12 @@ class ToolCallDelta:
 
 @dataclass(slots=True)
 class Finish:
+    """A choice's end. `stop`: the stop string that ended it (with reason `stop_sequence`), when
+    the backend knows which (Anthropic's `stop_sequence` names it)."""
+
     index: int
     reason: FinishReason
+    stop: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +197,7 @@ class Choice:
     finish_reason: FinishReason | None = None
     refusal: str | None = None  # None: the model did not refuse
     refusal_logprobs: list[TokenLogprob] | None = None
+    stop_sequence: str | None = None  # the stop string that ended it, when known
 
 
 @dataclass(slots=True)
@@ -314,8 +322,9 @@ class Folded:
                     choice.refusal_logprobs = [*(choice.refusal_logprobs or ()), *logprobs]
             case ToolCallDelta(index=i):
                 self.choice(i).tool_calls.append(event)
-            case Finish(index=i, reason=reason):
-                self.choice(i).finish_reason = reason
+            case Finish(index=i, reason=reason, stop=stop):
+                choice = self.choice(i)
+                choice.finish_reason, choice.stop_sequence = reason, stop
             case Usage():
                 self.usage = event
             case ServedBy():

@@ -11,6 +11,7 @@ DEFAULT_MOUNTS: dict[str, str] = {
     "aleph_alpha": "/aleph-alpha",
     "lmi": "/lmi",
     "ovms": "/v3",
+    "anthropic": "/anthropic",
 }
 
 __all__ = ["DEFAULT_MOUNTS"]

@@ -12,6 +12,7 @@ import orjson
 from starlette.types import Receive
 
 from gateway.core.errors import BadRequest, ClientGone, PayloadTooLarge
+from gateway.http.discriminators import by_discriminator, underlying
 
 OPENAPI_ONLY_KEYWORDS = ("nullable", "example", "examples", "discriminator", "xml", "externalDocs")
 
@@ -34,6 +35,8 @@ def to_json_schema(schema: t.Any, integral: bool = False) -> t.Any:
         for key, value in schema.items()
         if key not in OPENAPI_ONLY_KEYWORDS and not key.startswith("x-")
     }
+    if isinstance(schema.get("discriminator"), dict):  # a `oneOf` read by its discriminator
+        converted = by_discriminator(converted, schema["discriminator"])
     if integral and schema.get("type") == "integer":
         converted["type"] = "number"
         converted["multipleOf"] = 1
@@ -54,6 +57,7 @@ def location(path: t.Iterable[str | int]) -> str:
 
 
 def validation_error(error: jsonschema_rs.ValidationError) -> BadRequest:
+    error = underlying(error)
     path = list(error.instance_path)
     where = location(path)
     message = f"{error.message} at '{where}'" if where else error.message

@@ -171,6 +171,93 @@ class OVMSReader(ChatReader):
         return set(body) == {"error"} and isinstance(body["error"], str)
 
 
+@dataclass(frozen=True)
+class AnthropicReader(ChatReader):
+    """Anthropic's Messages: `max_tokens` always sent, a `Message` of content blocks, named
+    events, errors as `{"type": "error", "error": {type, message}, "request_id"}`."""
+
+    natural_end: str = "end_turn"
+    asks_stream_usage: bool = False
+    always_stream_usage: bool = True
+    chat_shaped: bool = False
+
+    def body(
+        self,
+        content: Any = "Hello!",
+        model: str | None = "echo",
+        *,
+        stream: bool = False,
+        max_tokens: int | None = None,
+        **extra: Any,
+    ) -> dict[str, Any]:
+        if isinstance(content, list):  # OpenAI-style text parts → text blocks
+            content = [{"type": "text", "text": part.get("text", "")} for part in content]
+        body: dict[str, Any] = {
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": 256 if max_tokens is None else max_tokens,
+        }
+        if model is not None:
+            body["model"] = model
+        if stream:
+            body["stream"] = True
+        return {**body, **extra}
+
+    def texts(self, answer: dict[str, Any]) -> dict[int, str]:
+        return {0: self.text(answer)}
+
+    def text(self, answer: dict[str, Any]) -> str:
+        return "".join(block["text"] for block in answer["content"] if block["type"] == "text")
+
+    def finish(self, answer: dict[str, Any]) -> str | None:
+        return answer["stop_reason"]
+
+    def usage(self, answer: dict[str, Any]) -> tuple[int, int] | None:
+        usage = answer.get("usage")
+        return (usage["input_tokens"], usage["output_tokens"]) if usage else None
+
+    def tool_calls(self, answer: dict[str, Any]) -> list[tuple[str, str]]:
+        return [
+            (block["name"], orjson.dumps(block["input"]).decode())
+            for block in answer["content"]
+            if block["type"] == "tool_use"
+        ]
+
+    def streamed_text(self, events: Iterable[dict[str, Any]]) -> str:
+        return "".join(
+            event["delta"].get("text", "")
+            for event in events
+            if event.get("type") == "content_block_delta" and event["delta"]["type"] == "text_delta"
+        )
+
+    def streamed_finish(self, events: Iterable[dict[str, Any]]) -> str | None:
+        finishes = [e["delta"]["stop_reason"] for e in events if e.get("type") == "message_delta"]
+        return finishes[-1] if finishes else None
+
+    def streamed_usage(self, events: Iterable[dict[str, Any]]) -> tuple[int, int] | None:
+        found = [
+            (e["usage"]["input_tokens"], e["usage"]["output_tokens"])
+            for e in events
+            if e.get("type") == "message_delta"
+        ]
+        return found[-1] if found else None
+
+    def is_error(self, payload: dict[str, Any]) -> bool:
+        return payload.get("type") == "error"
+
+    def error_message(self, body: dict[str, Any]) -> str:
+        return body["error"]["message"]
+
+    def error_code(self, body: dict[str, Any]) -> str | int | None:
+        return body["error"]["type"]
+
+    def error_shaped(self, body: Any, status: int, headers: Mapping[str, str]) -> bool:
+        return (
+            body["type"] == "error"
+            and set(body) == {"type", "error", "request_id"}
+            and set(body["error"]) == {"type", "message"}
+        )
+
+
 READERS: dict[str, ChatReader] = {
     reader.dialect: reader
     for reader in (
@@ -179,6 +266,7 @@ READERS: dict[str, ChatReader] = {
         AlephAlphaReader("aleph_alpha"),
         LMIReader("lmi", natural_end="eos_token", json_lines=True, asks_stream_usage=False),
         OVMSReader("ovms"),
+        AnthropicReader("anthropic"),
     )
 }
 
