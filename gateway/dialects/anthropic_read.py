@@ -107,7 +107,8 @@ def assistant_turn(index: int, content: Any, dropped: set[str]) -> dict[str, Any
             dropped.add(f"{kind} blocks")
         else:
             raise refused_block(f"messages.{index}.content.{position}.type", kind, "assistant")
-    message: dict[str, Any] = {"role": "assistant", "content": "".join(texts) or (None if calls else "")}
+    # text, empty beside the calls rather than null: llama.cpp's server refuses a null content
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
     if calls:
         message["tool_calls"] = calls
     return message
