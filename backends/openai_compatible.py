@@ -52,6 +52,7 @@ from backends.http.status import (
     status_error,
 )
 from backends.http.stream_decoders import StreamDecoder, decoder_for
+from backends.stop_strings import ending
 from gateway.core.canonical import (
     FROM_TOKEN,
     ChatRequest,
@@ -496,7 +497,7 @@ class OpenAICompatibleBackend:
                         ToolCallDelta(index, position, call_id, function.get("name") or "", arguments)
                     )
                     fragments += len(arguments.split())
-                events.append(Finish(index, finish_reason(choice, text, request.stop)))
+                events.append(stop_finish(index, choice, text, request.stop))
             usage = read_usage(body.get("usage"))
         except (KeyError, TypeError, AttributeError, ValueError) as exc:
             raise malformed(exc) from None
@@ -674,7 +675,7 @@ class StreamState:
                 if reason:
                     self.flush(index, events)
                     tail = self.tails.get(index, "")
-                    events.append(Finish(index, finish_reason(choice, tail, self.stops)))
+                    events.append(stop_finish(index, choice, tail, self.stops))
                     self.finished.add(index)
             if chunk.get("usage"):
                 self.usage = read_usage(chunk["usage"])
@@ -831,6 +832,24 @@ def finish_reason(choice: Mapping[str, Any], text: str, stops: list[str]) -> Fin
     if reason == "stop" and stops and text.endswith(tuple(stops)):
         return "stop_sequence"
     return "stop"
+
+
+def matched_stop(choice: Mapping[str, Any], text: str, stops: list[str]) -> str | None:
+    """Which stop string ended a choice: the upstream's word (vLLM's `stop_reason`, SGLang's
+    `matched_stop`), else the one the text ends with (an upstream that keeps the match), else the
+    request's only one; None when it cannot be told."""
+    for said in ("stop_reason", "matched_stop"):
+        if isinstance(choice.get(said), str):
+            return choice[said]
+    return ending(text, stops) or (stops[0] if len(stops) == 1 else None)
+
+
+def stop_finish(index: int, choice: Mapping[str, Any], text: str, stops: list[str]) -> Finish:
+    """A choice's Finish, with the stop string that matched when it ended on one."""
+    reason = finish_reason(choice, text, stops)
+    if reason != "stop_sequence":
+        return Finish(index, reason)
+    return Finish(index, reason, matched_stop(choice, text, stops))
 
 
 def read_usage(usage: Any) -> Usage | None:

@@ -17,3 +17,8 @@ def held_back(text: str, stops: Iterable[str]) -> int:
                 held = length
                 break
     return held
+
+
+def ending(text: str, stops: Iterable[str]) -> str | None:
+    """The stop string `text` ends with (the longest, when several do), or None."""
+    return max((stop for stop in stops if stop and text.endswith(stop)), key=len, default=None)

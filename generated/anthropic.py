@@ -135,6 +135,27 @@ class Usage(TypedDict):
     service_tier: Literal["standard", "priority", "batch"] | None
 
 
+class MessageStreamSSEEvent(TypedDict):
+    """
+    One server-sent event: `event: <name>` and `data: <payload>`, the payload a
+    `MessageStreamEvent` as JSON whose `type` is the event's name; an error after the stream
+    has begun is an `error` event whose data is an `ErrorResponse`.
+
+    """
+
+    event: Literal[
+        "message_start",
+        "content_block_start",
+        "content_block_delta",
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+        "ping",
+        "error",
+    ]
+    data: str
+
+
 class TextDelta(TypedDict):
     type: Literal["text_delta"]
     text: str
@@ -304,7 +325,6 @@ MessageStreamEvent: TypeAlias = (
     | MessageDeltaEvent
     | MessageStopEvent
     | PingEvent
-    | ErrorResponse
 )
 
 

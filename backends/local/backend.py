@@ -149,6 +149,7 @@ class TextAssembler:
         self.stops = sampling.stop
         self.include_stop = sampling.include_stop
         self.pending = ""  # decoded but held back: it could be the start of a stop string
+        self.matched: str | None = None  # the stop string that ended the text
 
     def push(self, token_id: int) -> tuple[str, bool]:
         """Add a token; return the text now safe to emit and whether a stop string matched."""
@@ -162,9 +163,9 @@ class TextAssembler:
         return self.release()
 
     def release(self) -> tuple[str, bool]:
-        matches = [(at, len(s)) for s in self.stops if (at := self.pending.find(s)) >= 0]
+        matches = [(at, len(s), s) for s in self.stops if (at := self.pending.find(s)) >= 0]
         if matches:
-            at, length = min(matches)
+            at, length, self.matched = min(matches)
             return self.pending[: at + length if self.include_stop else at], True
         ready = self.pending[: len(self.pending) - held_back(self.pending, self.stops)]
         self.pending = self.pending[len(ready) :]
@@ -457,7 +458,7 @@ class LocalBackend:
         if stopped:
             choice.finished = True
             self.send_text(index, choice, text, send, force=True, last=True)
-            send(Finish(index, "stop_sequence"))
+            send(Finish(index, "stop_sequence", choice.assembler.matched))
             return
         if last_step:
             choice.finished = True

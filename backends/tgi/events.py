@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from backends.stop_strings import held_back
+from backends.stop_strings import ending, held_back
 from gateway.core.canonical import (
     ChatRequest,
     Event,
@@ -61,9 +61,12 @@ class StopTrimmer:
             released.append(self.held.pop(0))
         return released
 
+    def matched(self) -> str | None:
+        """The stop string the text ends with, if any."""
+        return ending("".join(t for t, _ in self.held) if self.cut else self.tail, self.stops)
+
     def ends_with_stop(self) -> bool:
-        text = "".join(t for t, _ in self.held) if self.cut else self.tail
-        return any(text.endswith(s) for s in self.stops)
+        return self.matched() is not None
 
     def finish(self, cut_stop: bool) -> list[Piece]:
         held, self.held = self.held, []
@@ -143,6 +146,10 @@ class ChoiceEvents:
         self.finished = True
         if reason == "stop" and self.trimmer.ends_with_stop():
             reason = "stop_sequence"  # TGI 2.x's Messages API reported a stop string as "stop"
+        stop = None
+        if reason == "stop_sequence":  # which one (the request's only one, when the text can't say)
+            stops = self.trimmer.stops
+            stop = self.trimmer.matched() or (stops[0] if len(stops) == 1 else None)
         events: list[Event] = [
             TextDelta(self.index, t, lp)
             for t, lp in self.trimmer.finish(cut_stop=reason == "stop_sequence")
@@ -154,7 +161,7 @@ class ChoiceEvents:
             events.append(ToolCallDelta(self.index, 0, call_id, name or "", arguments))
             if reason == "stop":
                 reason = "tool_calls"
-        events.append(Finish(self.index, reason))
+        events.append(Finish(self.index, reason, stop))
         return events
 
     def end_of_stream(self) -> list[Event]:

@@ -29,7 +29,6 @@ from gateway.core.canonical import (
 )
 from gateway.core.errors import (
     BadRequest,
-    DeploymentForbidden,
     GatewayError,
     ModelNotFound,
     NotFound,
@@ -137,6 +136,7 @@ class MessageStream:
 class AnthropicTranslator:
     framing = AnthropicSSE()
     id_prefix = "msg_"
+    finish_reasons = STOP_REASONS  # the canonical finish reason's word
 
     def __init__(self, facts: DocumentFacts) -> None:
         self.facts = facts
@@ -167,8 +167,7 @@ class AnthropicTranslator:
             model=body.get("model"),
             messages=messages,
             stream=bool(body.get("stream")),
-            include_usage=True,
-            max_tokens=body["max_tokens"],
+            max_tokens=body.get("max_tokens"),
             stop=list(body.get("stop_sequences") or ()),
             temperature=body.get("temperature"),
             top_p=body.get("top_p"),
@@ -313,10 +312,9 @@ class AnthropicTranslator:
 
     @staticmethod
     def said(error: GatewayError) -> GatewayError:
-        """The gateway's error in Anthropic's words: a hidden or unknown model is not found (the
-        same, on purpose); a schema error begins with where, dotted (`messages.0.role: …`)."""
-        if isinstance(error, DeploymentForbidden):
-            return NotFound(f"model: {error.asked}", param="model")
+        """The gateway's error in Anthropic's words: an unknown model is `model: <name>` not found
+        (a key's hidden deployment is a 403 `permission_error`); a schema error begins with
+        where, dotted (`messages.0.role: …`)."""
         if isinstance(error, ModelNotFound):
             return NotFound(f"model: {error.model}", param="model")
         loc = error.loc if isinstance(error, BadRequest) else None
@@ -350,7 +348,8 @@ class AnthropicTranslator:
         headers = dict(error.headers)
         if request_id:
             headers["request-id"] = request_id
-        if status in (429, OVERLOADED) and not any(k.lower() == "retry-after" for k in headers):
+        # a 429 without one is one that waiting would not help (a prompt larger than the limit)
+        if status == OVERLOADED and not any(k.lower() == "retry-after" for k in headers):
             headers["retry-after"] = "1"
         body = self.error_body(error, request_id)
         if status == OVERLOADED:

@@ -47,11 +47,12 @@ def image_part(block: Mapping[str, Any]) -> dict[str, Any]:
     return {"type": "image_url", "image_url": {"url": url}}
 
 
-def refused_block(where: str, kind: str, role: str) -> BadRequest:
+def refused_block(index: int, position: int, kind: str, role: str) -> BadRequest:
+    where = f"messages.{index}.content.{position}.type"
     return BadRequest(
         f"{where}: a '{kind}' block may not be in a '{role}' message.",
         param=where,
-        loc=["body", *where.split(".")],
+        loc=["body", "messages", index, "content", position, "type"],
         value=kind,
     )
 
@@ -75,7 +76,7 @@ def user_turn(index: int, content: Any, dropped: set[str]) -> list[dict[str, Any
         elif kind in TEXTLESS_BLOCKS:
             dropped.add(f"{kind} blocks")
         else:
-            raise refused_block(f"messages.{index}.content.{position}.type", kind, "user")
+            raise refused_block(index, position, kind, "user")
     if not parts:
         return results
     if len(parts) == 1 and parts[0]["type"] == "text":
@@ -106,7 +107,7 @@ def assistant_turn(index: int, content: Any, dropped: set[str]) -> dict[str, Any
         elif kind in TEXTLESS_BLOCKS:
             dropped.add(f"{kind} blocks")
         else:
-            raise refused_block(f"messages.{index}.content.{position}.type", kind, "assistant")
+            raise refused_block(index, position, kind, "assistant")
     # text, empty beside the calls rather than null: llama.cpp's server refuses a null content
     message: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
     if calls:

@@ -22,14 +22,20 @@ def by_discriminator(converted: dict[str, Any], discriminator: dict[str, Any]) -
     name = discriminator.get("propertyName")
     if not mapping or not name or "oneOf" not in converted:
         return converted
+    # each part says it admits other properties: it checks one, the branch's schema the rest
     dispatched = {key: value for key, value in converted.items() if key != "oneOf"}
     dispatched["type"] = "object"
     dispatched["required"] = sorted({*dispatched.get("required", ()), name})
-    dispatched["properties"] = {**dispatched.get("properties", {}), name: {"enum": list(mapping)}}
     dispatched["allOf"] = [
         *dispatched.get("allOf", ()),
+        {"properties": {name: {"enum": list(mapping)}}, "additionalProperties": True},
         *(
-            {"anyOf": [{"properties": {name: {"not": {"enum": [value]}}}}, {"$ref": target}]}
+            {
+                "anyOf": [
+                    {"properties": {name: {"not": {"enum": [value]}}}, "additionalProperties": True},
+                    {"$ref": target},
+                ]
+            }
             for value, target in mapping.items()
         ),
     ]

@@ -171,6 +171,28 @@ class OVMSReader(ChatReader):
         return set(body) == {"error"} and isinstance(body["error"], str)
 
 
+def anthropic_block(part: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAI-style content part as an Anthropic content block."""
+    if part.get("type") != "image_url":
+        return {"type": "text", "text": part.get("text", "")}
+    url = part["image_url"]["url"]
+    if url.startswith("data:"):
+        media_type, _, data = url.removeprefix("data:").partition(";base64,")
+        return {"type": "image", "source": {"type": "base64", "media_type": media_type, "data": data}}
+    return {"type": "image", "source": {"type": "url", "url": url}}
+
+
+def anthropic_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAI-style function tool as an Anthropic tool (other shapes as they are)."""
+    function = tool.get("function")
+    if tool.get("type") != "function" or not isinstance(function, dict):
+        return tool
+    converted = {"name": function["name"], "input_schema": function.get("parameters") or {"type": "object"}}
+    if "description" in function:
+        converted["description"] = function["description"]
+    return converted
+
+
 @dataclass(frozen=True)
 class AnthropicReader(ChatReader):
     """Anthropic's Messages: `max_tokens` always sent, a `Message` of content blocks, named
@@ -190,8 +212,10 @@ class AnthropicReader(ChatReader):
         max_tokens: int | None = None,
         **extra: Any,
     ) -> dict[str, Any]:
-        if isinstance(content, list):  # OpenAI-style text parts → text blocks
-            content = [{"type": "text", "text": part.get("text", "")} for part in content]
+        if isinstance(content, list):  # OpenAI-style parts → content blocks
+            content = [anthropic_block(part) for part in content]
+        if "tools" in extra:  # OpenAI-style function tools → Anthropic's
+            extra["tools"] = [anthropic_tool(tool) for tool in extra["tools"]]
         body: dict[str, Any] = {
             "messages": [{"role": "user", "content": content}],
             "max_tokens": 256 if max_tokens is None else max_tokens,

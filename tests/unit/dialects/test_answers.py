@@ -145,13 +145,21 @@ def test_what_the_backend_said_of_the_answer(dialect: str, case: AnswerCase):
 # document takes tools, and its service (and client) end such an answer with tool_calls; OVMS
 # documents only stop and length; LMI's are eos_token, stop_sequence and length.
 FINISH_WORDS: dict[FinishReason, dict[str, str]] = {
-    "stop": {"openai": "stop", "azure": "stop", "aleph_alpha": "stop", "lmi": "eos_token", "ovms": "stop"},
+    "stop": {
+        "openai": "stop",
+        "azure": "stop",
+        "aleph_alpha": "stop",
+        "lmi": "eos_token",
+        "ovms": "stop",
+        "anthropic": "end_turn",
+    },
     "stop_sequence": {
         "openai": "stop",
         "azure": "stop",
         "aleph_alpha": "stop",
         "lmi": "stop_sequence",
         "ovms": "stop",
+        "anthropic": "stop_sequence",
     },
     "length": {
         "openai": "length",
@@ -159,6 +167,7 @@ FINISH_WORDS: dict[FinishReason, dict[str, str]] = {
         "aleph_alpha": "length",
         "lmi": "length",
         "ovms": "length",
+        "anthropic": "max_tokens",
     },
     "tool_calls": {
         "openai": "tool_calls",
@@ -166,6 +175,7 @@ FINISH_WORDS: dict[FinishReason, dict[str, str]] = {
         "aleph_alpha": "tool_calls",
         "lmi": "eos_token",
         "ovms": "stop",
+        "anthropic": "tool_use",
     },
     "content_filter": {
         "openai": "content_filter",
@@ -173,6 +183,7 @@ FINISH_WORDS: dict[FinishReason, dict[str, str]] = {
         "aleph_alpha": "content_filter",
         "lmi": "stop_sequence",
         "ovms": "stop",
+        "anthropic": "refusal",
     },
 }
 
@@ -220,6 +231,7 @@ class SharedError:
     status: int
     words: dict[str, Any]
     headers: dict[str, str] = field(default_factory=dict)
+    statuses: dict[str, int] = field(default_factory=dict)  # a dialect's own status for it
 
 
 INVALID = "invalid_request_error"
@@ -234,6 +246,7 @@ SHARED_ERRORS = [
             "aleph_alpha": "BAD_REQUEST",
             "lmi": "BadRequestException",
             "ovms": None,
+            "anthropic": ("invalid_request_error", "messages.0.content: 5 is not of type 'string'"),
         },
     ),
     SharedError(
@@ -246,6 +259,7 @@ SHARED_ERRORS = [
             "aleph_alpha": "BAD_REQUEST",
             "lmi": "BadRequestException",
             "ovms": None,
+            "anthropic": "invalid_request_error",
         },
     ),
     SharedError(
@@ -258,6 +272,7 @@ SHARED_ERRORS = [
             "aleph_alpha": "EXTRA_PARAMETER_NOT_ALLOWED",
             "lmi": "BadRequestException",
             "ovms": None,
+            "anthropic": ("invalid_request_error", "mood: " + cases.EXTRA_PARAMETER.message),
         },
     ),
     SharedError(
@@ -270,6 +285,7 @@ SHARED_ERRORS = [
             "aleph_alpha": "CONTENT_FILTER",
             "lmi": "BadRequestException",
             "ovms": None,
+            "anthropic": ("invalid_request_error", "messages: " + cases.PROMPT_FILTERED.message),
         },
     ),
     SharedError(
@@ -282,6 +298,7 @@ SHARED_ERRORS = [
             "aleph_alpha": "UNAUTHORIZED",
             "lmi": "UnauthorizedException",
             "ovms": None,
+            "anthropic": "authentication_error",
         },
     ),
     SharedError(
@@ -294,6 +311,7 @@ SHARED_ERRORS = [
             "aleph_alpha": "MODEL_NOT_FOUND",
             "lmi": "ModelNotFoundException",
             "ovms": None,
+            "anthropic": "not_found_error",
         },
     ),
     SharedError(
@@ -306,6 +324,7 @@ SHARED_ERRORS = [
             "aleph_alpha": "METHOD_NOT_ALLOWED",
             "lmi": "BadRequestException",
             "ovms": None,
+            "anthropic": "invalid_request_error",
         },
         {"Allow": "POST"},
     ),
@@ -319,6 +338,7 @@ SHARED_ERRORS = [
             "aleph_alpha": "PAYLOAD_TOO_LARGE",
             "lmi": "PayloadTooLargeException",
             "ovms": None,
+            "anthropic": "request_too_large",
         },
     ),
     SharedError(
@@ -331,6 +351,7 @@ SHARED_ERRORS = [
             "aleph_alpha": "UNSUPPORTED_MEDIA_TYPE",
             "lmi": "BadRequestException",
             "ovms": None,
+            "anthropic": "invalid_request_error",
         },
     ),
     SharedError(
@@ -346,6 +367,7 @@ SHARED_ERRORS = [
             "aleph_alpha": "UNSUPPORTED_PARAMETER",
             "lmi": "BadRequestException",
             "ovms": None,
+            "anthropic": "invalid_request_error",
         },
     ),
     SharedError(
@@ -358,6 +380,7 @@ SHARED_ERRORS = [
             "aleph_alpha": "RATE_LIMIT_EXCEEDED",
             "lmi": "ServiceUnavailableException",
             "ovms": None,
+            "anthropic": "rate_limit_error",
         },
         cases.RATE_LIMIT_HEADERS,
     ),
@@ -371,6 +394,7 @@ SHARED_ERRORS = [
             "aleph_alpha": "INTERNAL_SERVER_ERROR",
             "lmi": "InternalServerException",
             "ovms": None,
+            "anthropic": "api_error",
         },
     ),
     SharedError(
@@ -383,6 +407,7 @@ SHARED_ERRORS = [
             "aleph_alpha": "RESPONSE_TOO_LARGE",
             "lmi": "BadGatewayException",
             "ovms": None,
+            "anthropic": "api_error",
         },
     ),
     SharedError(
@@ -395,8 +420,10 @@ SHARED_ERRORS = [
             "aleph_alpha": "NO_HEALTHY_REPLICA",
             "lmi": "ServiceUnavailableException",
             "ovms": None,
+            "anthropic": "overloaded_error",
         },
         {"Retry-After": "5"},
+        {"anthropic": 529},  # Anthropic's "overloaded"
     ),
     SharedError(
         "504",
@@ -408,6 +435,7 @@ SHARED_ERRORS = [
             "aleph_alpha": "UPSTREAM_TIMEOUT",
             "lmi": "TimeoutException",
             "ovms": None,
+            "anthropic": "timeout_error",
         },
     ),
 ]
@@ -419,12 +447,13 @@ def test_shared_error(dialect: str, shared: SharedError):
     tables, words = TABLES[dialect], column(shared.words, dialect)
     rendered = cases.translator(dialect).error(shared.error, "request-1")
     expected_headers = tables.error_headers(shared.error, words, dict(shared.headers))
+    status = shared.statuses.get(dialect, shared.status)
     assert (rendered.status, rendered.body, rendered.headers) == (
-        shared.status,
+        status,
         tables.error_body(shared.error, words),
         expected_headers,
     )
-    assert document_errors(dialect, shared.status, rendered.body) == []
+    assert document_errors(dialect, status, rendered.body) == []
 
 
 @pytest.mark.parametrize(("dialect", "case"), rows(lambda t: t.errors))
