@@ -127,10 +127,10 @@ class Served:
     def asked(self, **body: Any) -> dict[str, Any]:
         return self.reference({"messages": [{"role": "user", "content": self.prompt}], **body})
 
-    def messages_logged(self) -> list[dict[str, Any]]:
-        """The access log's lines of Messages requests, in order."""
+    def messages_logged(self, path: str = "/anthropic/v1/messages") -> list[dict[str, Any]]:
+        """The access log's lines of requests to `path`, in order."""
         lines = (json.loads(line) for line in self.log.read_text().splitlines() if line.startswith("{"))
-        return [line for line in lines if line.get("path") == "/anthropic/v1/messages"]
+        return [line for line in lines if line.get("path") == path]
 
 
 def keyed_config(folder: Path, deployment: dict[str, Any]) -> Path:
@@ -405,6 +405,20 @@ def test_claude_code_plain_turn(echo_gateway: Served, tmp_path: Path):
     )
     assert result["usage"]["output_tokens"] == logged["completion_tokens"] > 0
     assert result["usage"]["input_tokens"] == logged["prompt_tokens"]
+
+
+def test_claude_code_context_counts_its_tokens_through_the_gateway(echo_gateway: Served, tmp_path: Path):
+    """`/context` asks count_tokens for each part of its context at once (`?beta=true`), and
+    sends no message."""
+    counts = "/anthropic/v1/messages/count_tokens"
+    before = len(echo_gateway.messages_logged()), len(echo_gateway.messages_logged(counts))
+    ran = claude(echo_gateway, tmp_path / "home", "-p", "/context", "--output-format", "json")
+    assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-2000:]
+    result = json.loads(ran.stdout)
+    assert result["is_error"] is False and result["result"].startswith("## Context Usage"), result
+    counted = echo_gateway.messages_logged(counts)[before[1] :]
+    assert len(counted) > 10 and {line["status"] for line in counted} == {200}
+    assert len(echo_gateway.messages_logged()) == before[0]
 
 
 def test_claude_code_turn_in_front_of_llama_cpp(llama_cpp_gateway: Served, tmp_path: Path):
