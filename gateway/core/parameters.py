@@ -47,13 +47,13 @@ def informational(name: str, handled: str) -> Parameter:
 CATALOGUE: tuple[Parameter, ...] = (
     # the conversation and the gateway's own business
     field("model", handled="routing: picks the deployment"),
-    field("messages", handled="the conversation: every backend takes it"),
+    field("messages", "system", handled="the conversation: every backend takes it"),
     field("stream", handled="the gateway streams or gathers the backend's events"),
     field("stream_options", handled="include_usage: the gateway adds the usage chunk"),
     # generation, held in the canonical request
     field("max_tokens", "max_completion_tokens", "maximum_tokens"),
     field("n"),
-    field("stop"),
+    field("stop", "stop_sequences"),
     field("seed"),
     field("temperature"),
     field("top_p"),

@@ -408,6 +408,8 @@ def operations(runtime: ModelDirectory, translator: Translator[Any]) -> dict[str
         messages, tools, _choice = read_messages(body, set())
         if tools:  # the tools' names, descriptions and schemas are prompt too
             messages = [*messages, {"role": "system", "content": tool_text(tools)}]
+        # the runtime's policy holds each deployment's prompt counter (its tokenizer, else the
+        # estimate admission uses); a directory without one estimates
         pipeline = getattr(runtime, "pipeline", None)
         counter = getattr(pipeline, "counters", {}).get(deployment)
         tokens = await counter.count(messages) if counter is not None else estimate(messages)
@@ -441,5 +443,5 @@ DIALECT = Dialect(
     chat_operations=("createMessage",),
     operations=operations,
     screens_media=True,
-    probes=None,
+    probes="anthropic",
 )

@@ -108,7 +108,7 @@ def assistant_turn(index: int, content: Any, dropped: set[str]) -> dict[str, Any
             dropped.add(f"{kind} blocks")
         else:
             raise refused_block(index, position, kind, "assistant")
-    # text, empty beside the calls rather than null: llama.cpp's server refuses a null content
+    # text, empty beside tool calls (not null: llama-cpp-python's server refuses a null content)
     message: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
     if calls:
         message["tool_calls"] = calls

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from gateway.dialects.registry import DIALECTS
 from gateway.probes.aleph_alpha import ALEPH_ALPHA
+from gateway.probes.anthropic import ANTHROPIC
 from gateway.probes.azure import AZURE
 from gateway.probes.lmi import LMI
 from gateway.probes.openai import OPENAI
 from gateway.probes.ovms import OVMS
 from gateway.probes.probe_set import ProbeSet
 
-PROBE_SETS: dict[str, ProbeSet] = {s.dialect: s for s in (OPENAI, AZURE, ALEPH_ALPHA, LMI, OVMS)}
+PROBE_SETS: dict[str, ProbeSet] = {s.dialect: s for s in (OPENAI, AZURE, ALEPH_ALPHA, LMI, OVMS, ANTHROPIC)}
 
 
 def probe_set_of(dialect: str) -> ProbeSet | None:

@@ -686,7 +686,7 @@ def test_a_stop_string_reported_as_stop_is_still_cut():
     out = [e for token in ("Hi", " you", "\n", "\n") for e in events.text(token, None)]
     out += events.finish("stop")  # what TGI 2.x's Messages API said for any stop
     assert [e.text for e in out if isinstance(e, TextDelta)] == ["Hi", " you"]
-    assert out[-1] == Finish(0, "stop_sequence")
+    assert out[-1] == Finish(0, "stop_sequence", "\n\n")  # which one, named
 
 
 def test_a_kept_stop_string_is_passed_on_at_once_and_still_named():
@@ -697,7 +697,7 @@ def test_a_kept_stop_string_is_passed_on_at_once_and_still_named():
     events = ChoiceEvents(0, request)
     out = [e for token in ("Hi", " E", "N", "D") for e in events.text(token, None)]
     assert [e.text for e in out if isinstance(e, TextDelta)] == ["Hi", " E", "N", "D"]  # nothing held
-    assert events.finish("stop")[-1] == Finish(0, "stop_sequence")
+    assert events.finish("stop")[-1] == Finish(0, "stop_sequence", "END")
 
 
 def test_stop_trimmer_releases_text_that_cannot_start_a_stop_at_once():
