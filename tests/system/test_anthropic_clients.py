@@ -423,7 +423,7 @@ def test_claude_code_context_counts_its_tokens_through_the_gateway(echo_gateway:
 
 def test_claude_code_turn_in_front_of_llama_cpp(llama_cpp_gateway: Served, tmp_path: Path):
     """Bare, with no tools and a short system prompt, so that the tiny model's turns fit its
-    window. A random model never ends a turn by itself: each answer stops at Claude Code's
+    window. A random model hardly ever ends a turn by itself: each answer stops at Claude Code's
     output limit, and Claude Code asks it to go on (three times), then says so. Every one of
     those turns is relayed to llama.cpp and streamed back whole."""
     served = llama_cpp_gateway
@@ -443,7 +443,7 @@ def test_claude_code_turn_in_front_of_llama_cpp(llama_cpp_gateway: Served, tmp_p
     ]
     texts = [block["text"] for answer in answers for block in answer["content"] if block["type"] == "text"]
     logged = logged_since(served, before)
-    assert len(logged) >= 2 and len(texts) == len(logged), (ran.stderr[-2000:], logged)
+    assert logged and len(texts) == len(logged), (ran.stderr[-2000:], logged)
     for line in logged:
         assert (line["status"], line["key"], line["deployment"], line["stream"]) == (
             200,
@@ -452,10 +452,13 @@ def test_claude_code_turn_in_front_of_llama_cpp(llama_cpp_gateway: Served, tmp_p
             True,
         )
         assert line["completion_tokens"] > 0
-    assert all(text.strip() for text in texts)
+    assert any(text.strip() for text in texts)
     final = events[-1]
-    assert final["type"] == "result" and final.get("api_error") == "max_output_tokens", final
-    assert final.get("api_error_status") is None  # no answer of the gateway's was an error
+    assert final["type"] == "result" and final.get("api_error_status") is None, final  # no error answer
+    if final["is_error"]:
+        assert final.get("api_error") == "max_output_tokens", final
+    else:  # the model sampled its end of turn (seldom): that ended the run
+        assert final["stop_reason"] == "end_turn", final
 
 
 def test_claude_code_runs_a_tool_and_sends_its_result_back(echo_gateway: Served, tmp_path: Path):
