@@ -33,7 +33,7 @@ from aleph_alpha_client.chat import Message, Role, StreamOptions
 from azure.ai.inference import ChatCompletionsClient
 from azure.core.credentials import AzureKeyCredential
 
-from backends.openai_compatible import OpenAICompatibleBackend, StreamState, finish_reason
+from backends.openai_compatible import OpenAICompatibleBackend, StreamState, finish_reason, matched_stop
 from gateway.core.canonical import Finish
 from gateway.core.errors import BadGateway
 from tests.support.loopback_server import LoopbackServer
@@ -831,6 +831,22 @@ def test_finish_reason(choice: dict[str, Any], text: str, stops: list[str], expe
     assert finish_reason(choice, text, stops) == expected
 
 
+@pytest.mark.parametrize(
+    ("choice", "text", "stops", "expected"),
+    [
+        ({"stop_reason": "END"}, "answer", ["END", "STOP"], "END"),  # vLLM names it
+        ({"matched_stop": "STOP"}, "answer", ["END", "STOP"], "STOP"),  # SGLang names it
+        ({}, "answer. END", ["END", ". END"], ". END"),  # kept in the text: the longest ending
+        ({}, "answer", ["END"], "END"),  # cut, and the request's only one
+        ({}, "answer", ["END", "STOP"], None),  # cut, one of several: cannot be told
+    ],
+)
+def test_the_stop_string_that_matched(
+    choice: dict[str, Any], text: str, stops: list[str], expected: Any
+) -> None:
+    assert matched_stop(choice, text, stops) == expected
+
+
 def test_a_streamed_match_is_found_across_chunks_and_lmi_token_ids_are_text() -> None:
     state = StreamState(1, ["STOP"])
     events = []
@@ -841,7 +857,7 @@ def test_a_streamed_match_is_found_across_chunks_and_lmi_token_ids_are_text() ->
     events += state.feed(
         {"choices": [{"index": 0, "delta": {}, "logprobs": logprobs, "finish_reason": "stop"}]}
     )
-    assert events[-1] == Finish(0, "stop_sequence")
+    assert events[-1] == Finish(0, "stop_sequence", "STOP")  # which one, named
     assert events[-2].logprobs[0].top[0].token == "4711"
 
 
