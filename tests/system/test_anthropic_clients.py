@@ -1,9 +1,10 @@
 """The real clients of Anthropic's Messages API against a running, keyed `chatgate serve` at its
 /anthropic mount: @anthropic-ai/sdk for Node (create, the stream helpers, a forced tool call
 and the turn that sends its result back, countTokens, the typed errors of a 400 and a 401),
-LangChain's ChatAnthropic (invoke, stream, bind_tools) and Claude Code headless (a plain turn,
-and a turn that runs Bash and sends its output back), each on the echo backend and in front
-of llama.cpp's server (an openai-compatible deployment).
+LangChain's ChatAnthropic (invoke, stream, bind_tools), each on the echo backend and in front
+of llama.cpp's server (an openai-compatible deployment); and Claude Code headless: on echo a
+plain turn of its whole default agent, a turn that runs Bash and sends its output back, and
+`/context`; in front of llama.cpp a bare turn (what the tiny model's window holds).
 
 Each answer is held to a reference: on echo, what the gateway's own OpenAI dialect answers to
 the same request; in front of llama.cpp, what the server answers to the same request sent to it
@@ -215,6 +216,7 @@ def node(served: Served) -> dict[str, Any]:
         "model": served.model,
         "prompt": served.prompt,
         "maxTokens": served.max_tokens,
+        "toolResult": TOOL_RESULT,
     }
     return run_json([node_program, str(script), json.dumps(asked)], env=node_environment())
 

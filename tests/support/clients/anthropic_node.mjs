@@ -1,10 +1,10 @@
 // @anthropic-ai/sdk against a chatgate's Messages API (run by tests/system/test_anthropic_clients.py):
-// `node anthropic_node.mjs '{"baseURL":…,"apiKey":…,"model":…,"prompt":…,"maxTokens":…}'` prints what
+// `node anthropic_node.mjs '{"baseURL":…,"apiKey":…,"model":…,"prompt":…,"maxTokens":…,"toolResult":…}'` prints what
 // each call gave back, as JSON: create, the stream helper, a forced tool call and the turn that
 // sends its result back, countTokens, and the SDK's typed errors for a 400 and a 401.
 import Anthropic from "@anthropic-ai/sdk";
 
-const { baseURL, apiKey, model, prompt, maxTokens } = JSON.parse(process.argv[2]);
+const { baseURL, apiKey, model, prompt, maxTokens, toolResult } = JSON.parse(process.argv[2]);
 const client = new Anthropic({ baseURL, apiKey, maxRetries: 0, timeout: 60_000 });
 const user = [{ role: "user", content: prompt }];
 const asked = { model, max_tokens: maxTokens, temperature: 0, messages: user };
@@ -58,7 +58,7 @@ const answered = await client.messages.create({
   messages: [
     ...user,
     { role: "assistant", content: forced.content },
-    { role: "user", content: [{ type: "tool_result", tool_use_id: call.id, content: "Sunny, 21 C" }] },
+    { role: "user", content: [{ type: "tool_result", tool_use_id: call.id, content: toolResult }] },
   ],
 });
 
