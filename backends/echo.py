@@ -75,6 +75,7 @@ COMPLETION_DETAILS = CompletionTokensDetails(reasoning_tokens=0, audio_tokens=0)
 PROMPT_DETAILS = PromptTokensDetails(cached_tokens=0, audio_tokens=0)
 TOKEN = re.compile(r"\s*\S+|\s+")
 ASKED_CALL = re.compile(r"\bcall ([A-Za-z0-9_.:-]{1,128}) (?=\{)")  # `call NAME {…}` in the user's text
+INSTRUCTIONS = ("system", "developer")  # roles read past to the last user message
 ASKED_CALLS_READ = 8  # the first few asks are read: a hostile text of many costs no more
 MESSAGE_OVERHEAD_TOKENS = 3  # role and separators, as chat templates add them
 SLICE_TOKENS = 256  # tokens per event of an answer that is not streamed
@@ -131,11 +132,13 @@ def last_user_text(messages: list[dict[str, Any]]) -> str:
 
 
 def asked_call(request: ChatRequest) -> ToolCallDelta | None:
-    """The call the user's last message asks for (`call NAME {…}`), of a tool offered, if any."""
-    if not request.tools or request.tool_choice not in (None, "auto") or not request.messages:
+    """The call the user's last message asks for (`call NAME {…}`), of a tool offered, if any.
+    Instructions after it (Claude Code ends with a `system` message) do not hide it; a tool's
+    result after it does."""
+    if not request.tools or request.tool_choice not in (None, "auto"):
         return None
-    last = request.messages[-1]
-    if last.get("role") != "user":
+    last = next((m for m in reversed(request.messages) if m.get("role") not in INSTRUCTIONS), None)
+    if last is None or last.get("role") != "user":
         return None
     text = message_text(last)
     offered = {(tool.get("function") or {}).get("name") for tool in request.tools}

@@ -410,8 +410,8 @@ def operations(runtime: ModelDirectory, translator: Translator[Any]) -> dict[str
             messages = [*messages, {"role": "system", "content": tool_text(tools)}]
         # the runtime's policy holds each deployment's prompt counter (its tokenizer, else the
         # estimate admission uses); a directory without one estimates
-        pipeline = getattr(runtime, "pipeline", None)
-        counter = getattr(pipeline, "counters", {}).get(deployment)
+        policy = getattr(getattr(runtime, "pipeline", None), "policy", None)
+        counter = getattr(policy, "counters", {}).get(deployment)
         tokens = await counter.count(messages) if counter is not None else estimate(messages)
         counted: anthropic_doc.CountMessageTokensResponse = {"input_tokens": tokens}
         return json_response(counted, call.request_id)

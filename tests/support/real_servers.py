@@ -245,11 +245,13 @@ LLAMA_CPP_ALIAS = "tiny-gguf"
 
 
 @contextmanager
-def llama_cpp_server(gguf: Path, workdir: Path) -> Iterator[RunningServer]:
+def llama_cpp_server(gguf: Path, workdir: Path, context: int = 512) -> Iterator[RunningServer]:
+    """llama.cpp's server for the GGUF; `context` its window in tokens (the tiny model's 512, or
+    more for a client whose own turns outgrow it)."""
     port = free_port()
     command = [
         str(LLAMA_CPP.program("python")), "-m", "llama_cpp.server", "--model", str(gguf),
-        "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "512", "--n_threads", "1",
+        "--host", "127.0.0.1", "--port", str(port), "--n_ctx", str(context), "--n_threads", "1",
         "--model_alias", LLAMA_CPP_ALIAS,
     ]  # fmt: skip
     log = workdir / "llama-cpp-server.log"

@@ -47,6 +47,16 @@ def test_streamed_too() -> None:
     assert [call.name for call in calls(events)] == ["Bash"]
 
 
+def test_instructions_after_the_ask_do_not_hide_it() -> None:
+    """Claude Code's last message is its environment, as a `system` message after the user's."""
+    asked = [
+        {"type": "text", "text": "<system-reminder>…</system-reminder>"},
+        {"type": "text", "text": 'call Bash {"command": "ls"}'},
+    ]
+    events = answer([{"role": "user", "content": asked}, {"role": "system", "content": "# Environment"}])
+    assert [call.name for call in calls(events)] == ["Bash"]
+
+
 def test_no_call_where_none_may_be_made() -> None:
     asked = 'call Bash {"command": "ls"}'
     cases: list[tuple[list[dict[str, Any]], dict[str, Any]]] = [
@@ -57,6 +67,7 @@ def test_no_call_where_none_may_be_made() -> None:
         ([{"role": "user", "content": asked}], {"tools": []}),
         # the tool's result came back: that turn is answered in words
         ([{"role": "user", "content": asked}, {"role": "tool", "tool_call_id": "c", "content": "ok"}], {}),
+        ([{"role": "system", "content": asked}], {}),
     ]
     for messages, fields in cases:
         events = answer(messages, **fields)
