@@ -210,7 +210,7 @@ def read(facts: DocumentFacts, body: Mapping[str, Any]) -> ChatRequest:
         messages=messages,
         stream=bool(body.get("stream")),
         include_usage=True,
-        max_tokens=body.get("max_output_tokens"),
+        max_tokens=None if body.get("max_output_tokens") is None else int(body["max_output_tokens"]),
         temperature=body.get("temperature"),
         top_p=body.get("top_p"),
         logprobs=logprobs,
