@@ -125,7 +125,8 @@ def messages_of(
             if last is not None and last["role"] == "assistant":  # its text and calls, one message
                 last.setdefault("tool_calls", []).append(call)
             else:
-                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+                # content "", not null: servers such as llama-cpp-python's refuse a null content
+                messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
         elif kind == "function_call_output":
             output = item["output"]
             text = output if isinstance(output, str) else text_of(content_parts(output, f"{at}.output"))
