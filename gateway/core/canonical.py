@@ -54,9 +54,13 @@ class ChatRequest:
     # The client asked in OpenAI's deprecated `functions` / `function_call` (and sent no
     # `tools`): a call is answered as `function_call`, as that client reads it.
     legacy_functions: bool = False
-    # Parameters the dialect read and dropped, having no meaning on any backend here (Anthropic's
-    # `thinking`, `cache_control` …): named in the answer's dropped-params header, never silent.
-    ignored: list[str] = field(default_factory=list)
+    # What the dialect read and dropped, having no meaning on any backend here (Anthropic's
+    # `thinking` and `cache_control`, the Responses API's hosted tools …): named in the answer's
+    # x-chatgate-dropped-params with the extra parameters, never silent.
+    dropped: list[str] = field(default_factory=list)
+    # What the dialect's translator keeps of the body to write its answers with (the Responses
+    # API echoes its request in every response): its own, read by nothing else.
+    echo: Any = None
 
 
 class FromToken(Enum):

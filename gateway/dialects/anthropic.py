@@ -176,7 +176,7 @@ class AnthropicTranslator:
             user=metadata.get("user_id"),
             options=options,
             extra=extra,
-            ignored=sorted(dropped),
+            dropped=sorted(dropped),
         )
 
     # ----- a whole answer --------------------------------------------------------------------

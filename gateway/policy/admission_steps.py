@@ -74,8 +74,8 @@ class ExtraParameters:
     def apply(self, admission: Admission) -> None:
         chosen = resolve_policy(admission.asked.get(EXTRA_PARAMS_HEADER), self.default)
         dropped = apply_extra_params(admission.request, chosen)
-        if admission.request.ignored:  # what the dialect itself dropped
-            dropped = sorted({*dropped, *admission.request.ignored})
+        if admission.request.dropped:  # what the dialect itself dropped
+            dropped = sorted({*dropped, *admission.request.dropped})
         if dropped:
             admission.headers.append((DROPPED_HEADER.encode(), dropped_header(dropped)))
 

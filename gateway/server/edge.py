@@ -199,9 +199,22 @@ class EdgeProtocol(HttpToolsProtocol):
             else:
                 self.answer(400, "The request could not be read as HTTP/1.1.")
         except httptools.HttpParserUpgrade:
-            self.answer(400, "Protocol upgrades are not supported here.")
+            self.refuse_upgrade()
         except httptools.HttpParserError:
             self.answer(400, "The request could not be read as HTTP/1.1.")
+
+    def refuse_upgrade(self) -> None:
+        """No protocol upgrade (a WebSocket, h2c) is made here. A request read whole before it
+        asked (a GET with `Upgrade: websocket`, as Codex's built-in provider sends on
+        /v1/responses) is answered as a plain request, and that answer is the refusal: one answer,
+        not 101, and the connection closes after it. Any other is refused with 400."""
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete and self.in_headers:
+            cycle.keep_alive = False
+            self.deaf = True  # nothing sent after the upgrade request is read
+            self.cancel_timer()
+            return
+        self.answer(400, "Protocol upgrades are not supported here.")
 
     def send_400_response(self, msg: str) -> None:
         self.answer(400, "The request could not be read as HTTP/1.1.")
