@@ -137,6 +137,10 @@ class CurrentRuntime:
             chat = ChatPipeline(runtime, dialect, translator)
             for operation_id in dialect.chat_operations:
                 found[dialect.name, operation_id] = chat
+            for operation_id, own in dialect.own_chat.items():
+                own_translator = self.translators[f"{dialect.name}.{operation_id}"]
+                hook = own.hook(runtime, own_translator) if own.hook is not None else None
+                found[dialect.name, operation_id] = ChatPipeline(runtime, dialect, own_translator, hook)
         return found
 
     def handler(self, dialect: str, operation_id: str) -> Handler:
@@ -199,6 +203,16 @@ def build_gateway(
         dialect.name: dialect.translator(facts_of(load_document(dialect.document), dialect.chat_operations))
         for dialect, _ in mounted
     }
+    # a chat operation with a translator of its own: keyed "<dialect>.<operationId>"
+    translators.update(
+        {
+            f"{dialect.name}.{operation_id}": own.translator(
+                facts_of(load_document(dialect.document), (operation_id,))
+            )
+            for dialect, _ in mounted
+            for operation_id, own in dialect.own_chat.items()
+        }
+    )
     current = CurrentRuntime(settings, mounted, translators, lifecycle)
     lifecycle.reload = current.reload
 
@@ -253,6 +267,7 @@ def build_gateway(
             document=document,
             name=dialect.name,
             translator=translators[dialect.name],
+            own_translators={op: translators[f"{dialect.name}.{op}"] for op in dialect.own_chat},
             handlers={op: current.handler(dialect.name, op) for op in operation_ids},
             dialect=dialect.name,
         )

@@ -30,13 +30,14 @@ from gateway.core.canonical import (
     Item,
     ServedBy,
     TextDelta,
+    Usage,
     answer_too_large,
 )
 from gateway.core.disconnect import unless_client_leaves
 from gateway.core.errors import ClientGone, GatewayError, InternalError
 from gateway.core.ids import random_hex
 from gateway.core.trace import Trace
-from gateway.dialects.dialect import Dialect
+from gateway.dialects.dialect import ChatHook, Dialect
 from gateway.dialects.translator import JSON, Answer, Translator
 from gateway.fleet.dispatch import QueueWait
 from gateway.http.call import Call
@@ -59,6 +60,11 @@ async def until_content(events: EventStream) -> list[Item]:
     return held
 
 
+def ends(item: Item) -> bool:
+    """Whether an item ends the answer (its last event is the Usage every answer ends with)."""
+    return isinstance(item[-1] if isinstance(item, list) else item, Usage)
+
+
 def is_content(event: Event) -> bool:
     if isinstance(event, TextDelta):
         return bool(event.text or event.logprobs)
@@ -68,8 +74,11 @@ def is_content(event: Event) -> bool:
 class ChatPipeline:
     """The handler of a dialect's chat operations."""
 
-    def __init__(self, runtime: Runtime, dialect: Dialect, translator: Translator[Any]) -> None:
+    def __init__(
+        self, runtime: Runtime, dialect: Dialect, translator: Translator[Any], hook: ChatHook | None = None
+    ) -> None:
         self.runtime = runtime
+        self.hook = hook  # what the operation does around the flow (None for nearly all)
         self.policy = runtime.pipeline
         self.translator = translator
         self.routing_header = dialect.routing_header
@@ -94,6 +103,8 @@ class ChatPipeline:
         request = translator.read(call.body)
         request.trace = call.record.ids = Trace.from_request(call.request_id, call.headers)
         call.record.stream = request.stream
+        if self.hook is not None:
+            await self.hook.before(call, request)
         deployment_name = call.headers.get(self.routing_header) if self.routing_header else None
         receive = call.receive if self.screens_media else None
         admission = await policy.admit(
@@ -117,7 +128,10 @@ class ChatPipeline:
             whole = Folded(self.max_response_bytes)  # refuses an answer past the limit as it grows
             await unless_client_leaves(policy.complete(admission, whole.add_item), call.receive, call.client)
             completion = whole.completion()
-            response = Response(orjson.dumps(translator.completion(answer, completion)), media_type=JSON)
+            body = translator.completion(answer, completion)
+            if self.hook is not None:
+                await self.hook.answered(call, answer, body)
+            response = Response(orjson.dumps(body), media_type=JSON)
             response.raw_headers += admission.headers
             return response
         queue = QueueWait()
@@ -181,7 +195,7 @@ class ChatPipeline:
     ) -> AsyncIterator[bytes]:
         """The answer's events as the dialect's stream; a failure ends it with an error in the
         dialect's shape (an error event its SDKs raise on), never an invented finish reason."""
-        translator = self.translator
+        translator, hook = self.translator, self.hook
         frame = translator.framing.error
         state = translator.new_stream_state()
         room = self.max_response_bytes
@@ -196,6 +210,8 @@ class ChatPipeline:
                 # and its first text arrive together)
                 if data := b"".join(self.rendered(answer, item, state) for item in held):
                     room -= len(data)
+                    if hook is not None and ends(held[-1]):
+                        await hook.streamed(call, answer, state)  # kept before the client reads the end
                     yield data
                 # a turn of the loop, so that the first chunk leaves now: the edge joins what
                 # one turn writes, and a burst the upstream sent at once (all read in this
@@ -206,6 +222,8 @@ class ChatPipeline:
                         room -= len(data)
                         if room < 0:
                             raise answer_too_large(self.max_response_bytes)
+                        if hook is not None and ends(item):
+                            await hook.streamed(call, answer, state)
                         yield data
         except GatewayError as error:
             # the status went out as 200 with the first byte; the record says how it ended

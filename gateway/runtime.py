@@ -14,6 +14,7 @@ from gateway.policy.admission import Policy
 from gateway.policy.auth import KeyStore
 from gateway.policy.limits import Limiter
 from gateway.policy.pipeline import Pipeline
+from gateway.policy.response_store import MemoryResponses, RedisResponses, create_response_store
 from gateway.policy.stores import create_limiter
 from gateway.telemetry.metrics import Metrics, metrics_for
 from gateway.telemetry.tracing import Tracing, create_tracing
@@ -41,6 +42,12 @@ class Runtime:
         same_store = previous is not None and previous.settings.rate_limits == settings.rate_limits
         self.limiter: Limiter = (
             previous.limiter if previous is not None and same_store else create_limiter(settings.rate_limits)
+        )
+        same_responses = (
+            same_store and previous is not None and previous.settings.responses == settings.responses
+        )
+        self.responses: MemoryResponses | RedisResponses = (
+            previous.responses if previous is not None and same_responses else create_response_store(settings)
         )
         same_tracing = previous is not None and previous.settings.tracing == settings.tracing
         self.tracing: Tracing | None = (
@@ -81,6 +88,7 @@ class Runtime:
     async def aclose(self) -> None:
         await self.router.aclose()
         await self.limiter.aclose()
+        await self.responses.aclose()
         if self.tracing is not None:
             await self.tracing.aclose()
 
@@ -93,5 +101,7 @@ class Runtime:
                     await replica.backend.aclose()
         if self.limiter is not successor.limiter:
             await self.limiter.aclose()
+        if self.responses is not successor.responses:
+            await self.responses.aclose()
         if self.tracing is not None and self.tracing is not successor.tracing:
             await self.tracing.aclose()

@@ -395,6 +395,405 @@ class CreateChatCompletionStreamResponseEvent(TypedDict):
     data: Literal["[DONE]"] | str
 
 
+class Conversation(TypedDict):
+    """
+    A stored conversation; refused (no Conversations API here).
+    """
+
+    id: str
+
+
+class Prompt(TypedDict):
+    """
+    A stored prompt template; refused (no prompt store here).
+    """
+
+    id: str
+    version: NotRequired[str | None]
+    variables: NotRequired[dict[str, Any] | None]
+
+
+class ResponseStreamOptions(TypedDict):
+    """
+    Stream options.
+    """
+
+    include_obfuscation: NotRequired[bool]
+
+
+IncludeEnum: TypeAlias = Literal[
+    "file_search_call.results",
+    "web_search_call.results",
+    "web_search_call.action.sources",
+    "message.input_image.image_url",
+    "computer_call_output.output.image_url",
+    "code_interpreter_call.outputs",
+    "reasoning.encrypted_content",
+    "message.output_text.logprobs",
+]
+
+
+class Reasoning(TypedDict):
+    """
+    Reasoning settings; accepted, and a summary is never given (no backend here gives one).
+    """
+
+    mode: NotRequired[str | None]
+    effort: NotRequired[
+        Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None
+    ]
+    summary: NotRequired[Literal["auto", "concise", "detailed"] | None]
+    context: NotRequired[Literal["auto", "current_turn", "all_turns"] | None]
+    generate_summary: NotRequired[Literal["auto", "concise", "detailed"] | None]
+
+
+class TextResponseFormatJsonSchema(TypedDict):
+    """
+    JSON output that follows `schema`.
+    """
+
+    type: Literal["json_schema"]
+    name: str
+    description: NotRequired[str]
+    schema: ResponseFormatJsonSchemaSchema
+    strict: NotRequired[bool | None]
+
+
+class InputTextContent(TypedDict):
+    """
+    Text input.
+    """
+
+    type: Literal["input_text"]
+    text: str
+
+
+class InputImageContent(TypedDict):
+    """
+    An image, by URL (or data URL).
+    """
+
+    type: Literal["input_image"]
+    image_url: NotRequired[str | None]
+    file_id: NotRequired[str | None]
+    detail: NotRequired[Literal["low", "high", "auto", "original"] | None]
+
+
+class InputFileContent(TypedDict):
+    """
+    A file, by its data; file ids and URLs are refused (no Files API here).
+    """
+
+    type: Literal["input_file"]
+    file_id: NotRequired[str | None]
+    filename: NotRequired[str]
+    file_data: NotRequired[str]
+    file_url: NotRequired[str]
+    detail: NotRequired[str]
+
+
+class RefusalContent(TypedDict):
+    """
+    The model's refusal.
+    """
+
+    type: Literal["refusal"]
+    refusal: str
+
+
+class FunctionCallItem(TypedDict):
+    """
+    A function call the model made (sent back by the client, with any id).
+    """
+
+    type: Literal["function_call"]
+    id: NotRequired[str]
+    call_id: str
+    namespace: NotRequired[str]
+    name: str
+    arguments: str
+    status: NotRequired[Literal["in_progress", "completed", "incomplete"]]
+
+
+class ReasoningItem(TypedDict):
+    """
+    A reasoning item a client carries back; accepted and not sent to the model.
+    """
+
+    type: Literal["reasoning"]
+    id: NotRequired[str]
+    encrypted_content: NotRequired[str | None]
+    summary: NotRequired[list[dict[str, Any]]]
+    content: NotRequired[list[dict[str, Any]]]
+    status: NotRequired[Literal["in_progress", "completed", "incomplete"]]
+
+
+class ItemReferenceParam(TypedDict):
+    """
+    A reference to an earlier item by id; refused (only previous_response_id continues).
+    """
+
+    type: NotRequired[Literal["item_reference"] | None]
+    id: str
+
+
+class OtherInputItem(TypedDict):
+    """
+    An item of a hosted or custom tool (web search, shell, MCP, computer use …), which no
+    backend here runs: accepted, not sent to the model, and named in `x-chatgate-dropped-params`.
+
+    """
+
+    type: Literal[
+        "file_search_call",
+        "computer_call",
+        "computer_call_output",
+        "web_search_call",
+        "image_generation_call",
+        "code_interpreter_call",
+        "local_shell_call",
+        "local_shell_call_output",
+        "shell_call",
+        "shell_call_output",
+        "apply_patch_call",
+        "apply_patch_call_output",
+        "mcp_list_tools",
+        "mcp_approval_request",
+        "mcp_approval_response",
+        "mcp_call",
+        "custom_tool_call",
+        "custom_tool_call_output",
+        "tool_search_call",
+        "tool_search_output",
+        "compaction",
+    ]
+
+
+class FunctionTool(TypedDict):
+    """
+    A function the model may call.
+    """
+
+    type: Literal["function"]
+    name: str
+    description: NotRequired[str | None]
+    parameters: NotRequired[dict[str, Any] | None]
+    strict: NotRequired[bool | None]
+    defer_loading: NotRequired[bool]
+
+
+class HostedTool(TypedDict):
+    """
+    A tool OpenAI runs itself (or a group of them); not offered to the model here.
+    """
+
+    type: Literal[
+        "file_search",
+        "computer",
+        "computer_use_preview",
+        "web_search",
+        "web_search_preview",
+        "web_search_2025_08_26",
+        "web_search_preview_2025_03_11",
+        "mcp",
+        "code_interpreter",
+        "image_generation",
+        "local_shell",
+        "shell",
+        "custom",
+        "namespace",
+        "tool_search",
+        "apply_patch",
+    ]
+
+
+class ToolChoiceParam1(TypedDict):
+    """
+    Whether and which tool the model must call.
+    """
+
+    type: str
+    name: NotRequired[str]
+    mode: NotRequired[Literal["auto", "required"]]
+    tools: NotRequired[list[dict[str, Any]]]
+
+
+ToolChoiceParam: TypeAlias = Literal["none", "auto", "required"] | ToolChoiceParam1
+
+
+class TopLogprob(TypedDict):
+    token: NotRequired[str]
+    logprob: NotRequired[float]
+    bytes: NotRequired[list[int]]
+
+
+class ResponseLogProb(TypedDict):
+    """
+    A token's log probability, with the most likely alternatives.
+    """
+
+    token: str
+    logprob: float
+    bytes: NotRequired[list[int]]
+    top_logprobs: NotRequired[list[TopLogprob]]
+
+
+class IncompleteDetails(TypedDict):
+    reason: NotRequired[Literal["max_output_tokens", "content_filter"]]
+
+
+class ResponseError(TypedDict):
+    """
+    Why the response failed.
+    """
+
+    code: str
+    message: str
+
+
+class InputTokensDetails(TypedDict):
+    cached_tokens: int
+    cache_write_tokens: int
+
+
+class OutputTokensDetails(TypedDict):
+    reasoning_tokens: int
+
+
+class ResponseUsage(TypedDict):
+    """
+    The tokens the response took.
+    """
+
+    input_tokens: int
+    input_tokens_details: InputTokensDetails
+    output_tokens: int
+    output_tokens_details: OutputTokensDetails
+    total_tokens: int
+
+
+class DeleteResponseResponse(TypedDict):
+    """
+    A deleted response.
+    """
+
+    id: str
+    object: Literal["response"]
+    deleted: bool
+
+
+class ResponseItemList(TypedDict):
+    """
+    A page of items.
+    """
+
+    object: Literal["list"]
+    data: list[dict[str, Any]]
+    has_more: bool
+    first_id: str | None
+    last_id: str | None
+
+
+class TokenCountsResource(TypedDict):
+    """
+    An input's token count.
+    """
+
+    object: Literal["response.input_tokens"]
+    input_tokens: int
+
+
+class ResponseTextDeltaEvent(TypedDict):
+    """
+    A piece of output text.
+    """
+
+    type: Literal["response.output_text.delta"]
+    item_id: str
+    output_index: int
+    content_index: int
+    delta: str
+    logprobs: list[ResponseLogProb]
+    sequence_number: int
+
+
+class ResponseTextDoneEvent(TypedDict):
+    """
+    A text part's whole text.
+    """
+
+    type: Literal["response.output_text.done"]
+    item_id: str
+    output_index: int
+    content_index: int
+    text: str
+    logprobs: list[ResponseLogProb]
+    sequence_number: int
+
+
+class ResponseRefusalDeltaEvent(TypedDict):
+    """
+    A piece of a refusal.
+    """
+
+    type: Literal["response.refusal.delta"]
+    item_id: str
+    output_index: int
+    content_index: int
+    delta: str
+    sequence_number: int
+
+
+class ResponseRefusalDoneEvent(TypedDict):
+    """
+    A refusal's whole text.
+    """
+
+    type: Literal["response.refusal.done"]
+    item_id: str
+    output_index: int
+    content_index: int
+    refusal: str
+    sequence_number: int
+
+
+class ResponseFunctionCallArgumentsDeltaEvent(TypedDict):
+    """
+    A piece of a function call's arguments.
+    """
+
+    type: Literal["response.function_call_arguments.delta"]
+    item_id: str
+    output_index: int
+    delta: str
+    sequence_number: int
+
+
+class ResponseFunctionCallArgumentsDoneEvent(TypedDict):
+    """
+    A function call's whole arguments.
+    """
+
+    type: Literal["response.function_call_arguments.done"]
+    item_id: str
+    name: str
+    output_index: int
+    arguments: str
+    sequence_number: int
+
+
+class ResponseErrorEvent(TypedDict):
+    """
+    An error after the stream began; the stream ends with it.
+    """
+
+    type: Literal["error"]
+    code: str | None
+    message: str
+    param: str | None
+    sequence_number: int
+
+
 class ChatCompletionRequestMessageContentPartText(TypedDict):
     """
     A text part.
@@ -542,6 +941,41 @@ class ErrorResponse(TypedDict):
     error: Error
 
 
+TextResponseFormatConfiguration: TypeAlias = (
+    ResponseFormatText | ResponseFormatJsonObject | TextResponseFormatJsonSchema
+)
+
+
+class OutputTextContent(TypedDict):
+    """
+    Text the model wrote.
+    """
+
+    type: Literal["output_text"]
+    text: str
+    annotations: list[dict[str, Any]]
+    logprobs: list[ResponseLogProb]
+
+
+Tool: TypeAlias = FunctionTool | HostedTool
+
+
+OutputContent: TypeAlias = OutputTextContent | RefusalContent
+
+
+class ResponseContentPartEvent(TypedDict):
+    """
+    A content part of a message begins (empty) or ends (whole).
+    """
+
+    type: Literal["response.content_part.added", "response.content_part.done"]
+    item_id: str
+    output_index: int
+    content_index: int
+    part: OutputContent
+    sequence_number: int
+
+
 class ChatCompletionRequestDeveloperMessage(TypedDict):
     """
     Instructions from the developer; replaces `system` for o1 and newer models.
@@ -629,6 +1063,48 @@ class ChatCompletionStreamChoice(TypedDict):
     )
 
 
+class ResponseTextParam(TypedDict):
+    """
+    The form of the text output.
+    """
+
+    format: NotRequired[TextResponseFormatConfiguration]
+    verbosity: NotRequired[Literal["low", "medium", "high"] | None]
+
+
+InputContent: TypeAlias = (
+    InputTextContent
+    | InputImageContent
+    | InputFileContent
+    | OutputTextContent
+    | RefusalContent
+)
+
+
+class FunctionCallOutputItemParam(TypedDict):
+    """
+    A function call's output, answering the call with the same `call_id`.
+    """
+
+    type: Literal["function_call_output"]
+    id: NotRequired[str | None]
+    call_id: str
+    output: str | list[InputContent]
+    status: NotRequired[Literal["in_progress", "completed", "incomplete"] | None]
+
+
+class OutputMessage(TypedDict):
+    """
+    The model's message.
+    """
+
+    id: str
+    type: Literal["message"]
+    role: Literal["assistant"]
+    status: Literal["in_progress", "completed", "incomplete"]
+    content: list[OutputContent]
+
+
 class ChatCompletionRequestUserMessage(TypedDict):
     """
     A message from the end user.
@@ -665,6 +1141,33 @@ class CreateChatCompletionStreamResponse(TypedDict):
     usage: NotRequired[ChatCompletionStreamUsage | None]
 
 
+class InputMessage(TypedDict):
+    """
+    A message; an assistant's may hold output text from an earlier response.
+    """
+
+    type: NotRequired[Literal["message"]]
+    id: NotRequired[str | None]
+    role: Literal["user", "assistant", "system", "developer"]
+    content: str | list[InputContent]
+    status: NotRequired[Literal["in_progress", "completed", "incomplete"] | None]
+    phase: NotRequired[str | None]
+
+
+OutputItem: TypeAlias = OutputMessage | FunctionCallItem
+
+
+class ResponseOutputItemEvent(TypedDict):
+    """
+    An output item begins (in progress) or ends (whole).
+    """
+
+    type: Literal["response.output_item.added", "response.output_item.done"]
+    output_index: int
+    item: OutputItem
+    sequence_number: int
+
+
 ChatCompletionRequestMessage: TypeAlias = (
     ChatCompletionRequestDeveloperMessage
     | ChatCompletionRequestSystemMessage
@@ -688,6 +1191,89 @@ class CreateChatCompletionResponse(TypedDict):
     service_tier: NotRequired[str | None]
     system_fingerprint: NotRequired[str | None]
     usage: NotRequired[CompletionUsage]
+
+
+InputItem: TypeAlias = (
+    InputMessage
+    | FunctionCallItem
+    | FunctionCallOutputItemParam
+    | ReasoningItem
+    | ItemReferenceParam
+    | OtherInputItem
+)
+
+
+class Response(TypedDict):
+    """
+    A model response.
+    """
+
+    id: str
+    object: Literal["response"]
+    created_at: float
+    completed_at: NotRequired[float | None]
+    status: NotRequired[
+        Literal[
+            "completed", "failed", "in_progress", "cancelled", "queued", "incomplete"
+        ]
+    ]
+    error: ResponseError | None
+    incomplete_details: IncompleteDetails | None
+    instructions: str | None
+    max_output_tokens: NotRequired[int | None]
+    model: str
+    output: list[OutputItem]
+    output_text: NotRequired[str | None]
+    parallel_tool_calls: bool
+    previous_response_id: NotRequired[str | None]
+    reasoning: NotRequired[Reasoning | None]
+    service_tier: NotRequired[str | None]
+    store: NotRequired[bool]
+    temperature: float | None
+    text: NotRequired[ResponseTextParam | None]
+    tool_choice: ToolChoiceParam
+    tools: list[Tool]
+    top_logprobs: NotRequired[int | None]
+    top_p: float | None
+    truncation: NotRequired[Literal["auto", "disabled"] | None]
+    usage: NotRequired[ResponseUsage]
+    user: NotRequired[str]
+    safety_identifier: NotRequired[str | None]
+    prompt_cache_key: NotRequired[str | None]
+    metadata: Metadata | None
+
+
+class TokenCountsBody(TypedDict):
+    """
+    What to count the input tokens of (a subset of a create request).
+    """
+
+    model: NotRequired[str | None]
+    input: NotRequired[str | list[InputItem] | None]
+    previous_response_id: NotRequired[str | None]
+    tools: NotRequired[list[Tool] | None]
+    text: NotRequired[ResponseTextParam | None]
+    reasoning: NotRequired[Reasoning | None]
+    truncation: NotRequired[Literal["auto", "disabled"] | None]
+    instructions: NotRequired[str | None]
+    tool_choice: NotRequired[ToolChoiceParam]
+    parallel_tool_calls: NotRequired[bool | None]
+
+
+class ResponseLifecycleEvent(TypedDict):
+    """
+    The response as it stands, when it is created, runs and ends.
+    """
+
+    type: Literal[
+        "response.created",
+        "response.in_progress",
+        "response.completed",
+        "response.incomplete",
+        "response.failed",
+    ]
+    response: Response
+    sequence_number: int
 
 
 class CreateChatCompletionRequest(TypedDict):
@@ -740,3 +1326,58 @@ class CreateChatCompletionRequest(TypedDict):
         Literal["none", "auto"] | ChatCompletionFunctionCallOption
     ]
     functions: NotRequired[list[ChatCompletionFunctions]]
+
+
+class CreateResponse(TypedDict):
+    """
+    A request for the model's next turn.
+    """
+
+    model: NotRequired[str]
+    input: NotRequired[str | list[InputItem]]
+    instructions: NotRequired[str | None]
+    previous_response_id: NotRequired[str | None]
+    store: NotRequired[bool | None]
+    stream: NotRequired[bool | None]
+    stream_options: NotRequired[ResponseStreamOptions | None]
+    tools: NotRequired[list[Tool]]
+    tool_choice: NotRequired[ToolChoiceParam]
+    parallel_tool_calls: NotRequired[bool | None]
+    max_tool_calls: NotRequired[int | None]
+    text: NotRequired[ResponseTextParam | None]
+    max_output_tokens: NotRequired[int | None]
+    temperature: NotRequired[float | None]
+    top_p: NotRequired[float | None]
+    top_logprobs: NotRequired[int | None]
+    truncation: NotRequired[Literal["auto", "disabled"] | None]
+    metadata: NotRequired[Metadata | None]
+    prompt_cache_key: NotRequired[str | None]
+    prompt_cache_retention: NotRequired[Literal["in_memory", "24h"] | None]
+    safety_identifier: NotRequired[str | None]
+    user: NotRequired[str]
+    service_tier: NotRequired[
+        Literal["auto", "default", "flex", "scale", "priority", "fast", "ultrafast"]
+        | None
+    ]
+    include: NotRequired[list[IncludeEnum] | None]
+    reasoning: NotRequired[Reasoning | None]
+    background: NotRequired[bool | None]
+    conversation: NotRequired[str | Conversation | None]
+    prompt: NotRequired[Prompt | None]
+    context_management: NotRequired[list[dict[str, Any]] | None]
+    moderation: NotRequired[dict[str, Any] | None]
+    prompt_cache_options: NotRequired[dict[str, Any] | None]
+
+
+ResponseStreamEvent: TypeAlias = (
+    ResponseLifecycleEvent
+    | ResponseOutputItemEvent
+    | ResponseContentPartEvent
+    | ResponseTextDeltaEvent
+    | ResponseTextDoneEvent
+    | ResponseRefusalDeltaEvent
+    | ResponseRefusalDoneEvent
+    | ResponseFunctionCallArgumentsDeltaEvent
+    | ResponseFunctionCallArgumentsDoneEvent
+    | ResponseErrorEvent
+)

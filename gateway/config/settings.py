@@ -326,6 +326,23 @@ class RateLimiting(Strict):
     redis: RedisLimits | None = None
 
 
+class ResponseStoreSettings(Strict):
+    """The Responses API's stored responses (`store`, `previous_response_id`, `GET /responses/{id}`),
+    each visible only to the key that made it: in this process's memory (forgotten on restart),
+    or in the Redis of `rate_limits` when that is the store, where every replica sees them."""
+
+    ttl: float = Field(
+        default=30 * 24 * 3600.0, gt=0, description="seconds a stored response is kept (30 days by default)"
+    )
+    max_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        ge=0,
+        description="the most bytes of stored responses kept in memory; the oldest go first (0: store "
+        "nothing). With Redis, Redis's own memory policy bounds them",
+    )
+    prefix: str = Field(default="chatgate:responses:", description="the Redis key prefix")
+
+
 GLOBAL_FLAGS = re.compile(r"^\(\?([aiLmsux]+)\)")
 
 
@@ -510,6 +527,7 @@ class Settings(Strict):
         "reloads it when it changes",
     )
     rate_limits: RateLimiting = RateLimiting()
+    responses: ResponseStoreSettings = ResponseStoreSettings()
     content_filter: ContentFilter = ContentFilter()
     tracing: TracingSettings = TracingSettings()
     media: Media = Media()

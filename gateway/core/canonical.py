@@ -54,6 +54,12 @@ class ChatRequest:
     # The client asked in OpenAI's deprecated `functions` / `function_call` (and sent no
     # `tools`): a call is answered as `function_call`, as that client reads it.
     legacy_functions: bool = False
+    # What the dialect dropped of the request itself (the Responses API's hosted tools, which no
+    # backend runs): named in the answer's x-chatgate-dropped-params with the extra parameters.
+    dropped: list[str] = field(default_factory=list)
+    # What the dialect's translator keeps of the body to write its answers with (the Responses
+    # API echoes its request in every response): its own, read by nothing else.
+    echo: Any = None
 
 
 class FromToken(Enum):

@@ -4,13 +4,14 @@ mounts by default is data, in the registry `gateway.dialects`)."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from starlette.responses import Response
 
-from gateway.dialects.translator import Translator, TranslatorFactory
+from gateway.core.canonical import ChatRequest
+from gateway.dialects.translator import Answer, Translator, TranslatorFactory
 
 # What a dialect's own operations (models, info, ping) may see of the gateway, as protocols: a
 # dialect module imports no part of the runtime, so the dialects' code stands below everything
@@ -19,6 +20,9 @@ from gateway.dialects.translator import Translator, TranslatorFactory
 
 class KeyHolder(Protocol):
     def may_use(self, deployment: str, /) -> bool: ...
+    @property
+    def identity(self) -> str:
+        """Who owns what the key stores: its hash, or empty without keys."""
 
 
 class OperationCall(Protocol):
@@ -28,6 +32,10 @@ class OperationCall(Protocol):
     def headers(self) -> dict[str, str]: ...
     @property
     def path_params(self) -> dict[str, str]: ...
+    @property
+    def query(self) -> dict[str, str]: ...
+    @property
+    def body(self) -> Any: ...
     @property
     def caller(self) -> KeyHolder: ...
 
@@ -46,16 +54,51 @@ class Deployments(Protocol):
     def route(self, model: str | None, deployment_name: str | None = None, /) -> ServedDeployment: ...
 
 
+class ResponseStore(Protocol):
+    """Records kept per owner (a key's identity), as JSON-able values: the Responses API's stored
+    responses (gateway/policy/response_store.py). Another owner's record is as absent."""
+
+    async def get(self, owner: str, record_id: str, /) -> Any | None: ...
+    async def put(self, owner: str, record_id: str, record: Any, /) -> None: ...
+    async def delete(self, owner: str, record_id: str, /) -> bool: ...
+
+
 class ModelDirectory(Protocol):
-    """The deployments served now (replaced on reload) and when the gateway started."""
+    """The deployments served now (replaced on reload), when the gateway started, and the
+    responses it stores."""
 
     @property
     def started(self) -> int: ...
     @property
     def router(self) -> Deployments: ...
+    @property
+    def responses(self) -> ResponseStore: ...
 
 
 Handler = Callable[[OperationCall], Awaitable[Response]]
+
+
+class ChatHook(Protocol):
+    """What a chat operation does around the chat flow beyond translating (the Responses API
+    reads a stored conversation before admission and stores the answer after it ended)."""
+
+    async def before(self, call: OperationCall, request: ChatRequest, /) -> None:
+        """Before admission: the request may grow (a stored history put before its input)."""
+
+    async def answered(self, call: OperationCall, answer: Answer, body: Any, /) -> None:
+        """After a whole answer's body was written."""
+
+    async def streamed(self, call: OperationCall, answer: Answer, state: Any, /) -> None:
+        """After a stream ended well, with its translation's last state."""
+
+
+@dataclass(frozen=True, slots=True)
+class OwnChat:
+    """A chat operation answered with a translator of its own, made from the facts of its own
+    body schema (the dialect's translator answers its other chat operations), and a hook."""
+
+    translator: TranslatorFactory
+    hook: Callable[[ModelDirectory, Translator[Any]], ChatHook] | None = None
 
 
 def no_operations(directory: ModelDirectory, translator: Translator[Any]) -> dict[str, Handler]:
@@ -68,6 +111,8 @@ class Dialect:
     document: str  # its file in openapi/
     translator: TranslatorFactory  # its translator's class (gateway/dialects/translator.py)
     chat_operations: tuple[str, ...]  # the operationIds the chat pipeline answers
+    # chat operations with a translator of their own, by operationId (the Responses API's)
+    own_chat: Mapping[str, OwnChat] = field(default_factory=dict)
     # the handlers of its other operations, by operationId
     operations: Callable[[ModelDirectory, Translator[Any]], dict[str, Handler]] = no_operations
     routing_header: str | None = None  # a header that names the deployment (Azure's)

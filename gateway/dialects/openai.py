@@ -3,6 +3,7 @@ only what the caller's key may use)."""
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -10,7 +11,8 @@ from starlette.responses import Response
 
 from gateway.core.canonical import Completion, Usage
 from gateway.core.errors import DeploymentForbidden, GatewayError, ModelNotFound, NotFound
-from gateway.dialects.dialect import Dialect, Handler, ModelDirectory, OperationCall
+from gateway.dialects import responses
+from gateway.dialects.dialect import Dialect, Handler, ModelDirectory, OperationCall, OwnChat
 from gateway.dialects.shape import OpenAIShaped, Shared, StreamState
 from gateway.dialects.translator import JSON, Answer, RenderedError, Translator
 
@@ -139,7 +141,11 @@ def operations(runtime: ModelDirectory, translator: Translator[Any]) -> dict[str
             raise model_not_found(model)
         return Response(orjson.dumps(model_body(model, runtime.started)), media_type=JSON)
 
-    return {"listModels": list_models, "retrieveModel": retrieve_model}
+    return {
+        "listModels": list_models,
+        "retrieveModel": retrieve_model,
+        **responses.operations(runtime, translator),
+    }
 
 
 DIALECT = Dialect(
@@ -147,6 +153,13 @@ DIALECT = Dialect(
     document="openai.yaml",
     translator=OpenAITranslator,
     chat_operations=("createChatCompletion",),
+    # the Responses API: its own translator (errors written as this dialect's) and stored responses
+    own_chat={
+        "createResponse": OwnChat(
+            translator=functools.partial(responses.ResponsesTranslator, errors=OpenAITranslator),
+            hook=responses.ResponseKeeping,
+        )
+    },
     operations=operations,
     probes="openai",
 )

@@ -172,9 +172,11 @@ class FrontDoor(SpecMiddleware):
         translator: Translator[Any],
         handlers: dict[str, Handler],
         dialect: str,
+        own_translators: dict[str, Translator[Any]] | None = None,
         **_connexion_options: Any,
     ) -> None:
-        """Compile one dialect's document, mounted at `base_path`, into the routing table."""
+        """Compile one dialect's document, mounted at `base_path`, into the routing table (an
+        operation in `own_translators` renders its errors with its own)."""
         mount = (base_path or "").rstrip("/")
         for path, item in document["paths"].items():
             for method in HTTP_METHODS:
@@ -191,7 +193,7 @@ class FrontDoor(SpecMiddleware):
                         route=mount + path,
                         operation_id=operation_id,
                         handler=handlers[operation_id],
-                        translator=translator,
+                        translator=(own_translators or {}).get(operation_id, translator),
                         schemes=schemes_of(document, operation),
                         parameters=self.compile_parameters(document, item, operation),
                         body=self.compile_body(document, operation),

@@ -73,7 +73,10 @@ class ExtraParameters:
 
     def apply(self, admission: Admission) -> None:
         chosen = resolve_policy(admission.asked.get(EXTRA_PARAMS_HEADER), self.default)
-        if dropped := apply_extra_params(admission.request, chosen):
+        dropped = apply_extra_params(admission.request, chosen)
+        if admission.request.dropped:
+            dropped = [*admission.request.dropped, *dropped]
+        if dropped:
             admission.headers.append((DROPPED_HEADER.encode(), dropped_header(dropped)))
 
 

@@ -37,6 +37,11 @@ class Caller:
     def name(self) -> str:
         return self.key.name if self.key else "anonymous"
 
+    @property
+    def identity(self) -> str:
+        """Who owns what this key stores (its hash; empty without keys): stable across renames."""
+        return self.key.sha256 if self.key else ""
+
     def may_use(self, deployment: str) -> bool:
         return self.key is None or "*" in self.key.deployments or deployment in self.key.deployments
 

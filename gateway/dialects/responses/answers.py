@@ -1,0 +1,402 @@
+"""The Responses API's translator (`gateway.dialects.translator.Translator`, implemented directly):
+canonical events rendered as one `response` object, or as the named, numbered stream events of its
+lifecycle — `response.created`, `response.in_progress`, each output item added, its parts and
+deltas, the item done (whole: Codex reads the text only there), `response.completed` (or
+`.incomplete`); an error after the 200 is an `error` event. Errors before it are OpenAI's."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from gateway.core.canonical import (
+    ChatRequest,
+    Completion,
+    Event,
+    Finish,
+    FinishReason,
+    RefusalDelta,
+    ServedBy,
+    TextDelta,
+    TokenLogprob,
+    ToolCallDelta,
+    Usage,
+)
+from gateway.core.errors import GatewayError
+from gateway.core.ids import random_hex
+from gateway.dialects.framing import NamedEventSSE
+from gateway.dialects.responses.reading import Echo, read
+from gateway.dialects.translator import Answer, DocumentFacts, RenderedError, TranslatorFactory
+
+if TYPE_CHECKING:
+    from generated import openai as openai_doc
+
+# the echoed settings' values when the request left them out, as OpenAI's responses show them
+DEFAULTS: dict[str, Any] = {
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "parallel_tool_calls": True,
+    "tool_choice": "auto",
+    "truncation": "disabled",
+    "service_tier": "default",
+    "top_logprobs": 0,
+}
+INCOMPLETE: dict[str | None, str] = {"length": "max_output_tokens", "content_filter": "content_filter"}
+
+
+def item_id(prefix: str) -> str:
+    return prefix + random_hex()
+
+
+def logprob_entries(logprobs: list[TokenLogprob] | None) -> list[dict[str, Any]]:
+    if not logprobs:
+        return []
+    return [
+        {
+            "token": lp.token,
+            "logprob": -9999.0 if lp.logprob is None else lp.logprob,
+            "bytes": list(lp.token.encode()),
+            "top_logprobs": [
+                {"token": t.token, "logprob": t.logprob, "bytes": list(t.token.encode())} for t in lp.top
+            ],
+        }
+        for lp in logprobs
+    ]
+
+
+def usage_body(usage: Usage) -> openai_doc.ResponseUsage:
+    prompt = usage.prompt_tokens_details
+    completion = usage.completion_tokens_details
+    return {
+        "input_tokens": usage.prompt_tokens,
+        "input_tokens_details": {
+            "cached_tokens": (prompt.cached_tokens if prompt else None) or 0,
+            "cache_write_tokens": 0,
+        },
+        "output_tokens": usage.completion_tokens,
+        "output_tokens_details": {
+            "reasoning_tokens": (completion.reasoning_tokens if completion else None) or 0
+        },
+        "total_tokens": usage.total_tokens,
+    }
+
+
+def echo_of(request: ChatRequest) -> Echo:
+    echo = request.echo
+    assert isinstance(echo, Echo), "a Responses request carries its echo"
+    return echo
+
+
+def response_body(
+    answer: Answer,
+    status: str,
+    output: list[dict[str, Any]],
+    usage: Usage | None = None,
+    served: ServedBy | None = None,
+    reason: FinishReason | None = None,
+    error: dict[str, str] | None = None,
+) -> openai_doc.Response:
+    """The `response` object as it stands: the request's settings echoed, the output so far."""
+    echo = echo_of(answer.request)
+    body = echo.body
+    text = body.get("text") or {}
+    reasoning = body.get("reasoning") or {}
+    incomplete = INCOMPLETE.get(reason) if status == "incomplete" and reason else None
+    response: dict[str, Any] = {
+        "id": answer.id,
+        "object": "response",
+        "created_at": answer.created,
+        "status": status,
+        "completed_at": int(time.time()) if status == "completed" else None,
+        "error": error,
+        "incomplete_details": {"reason": incomplete} if incomplete else None,
+        "instructions": body.get("instructions"),
+        "max_output_tokens": body.get("max_output_tokens"),
+        "model": answer.model,
+        "output": output,
+        "parallel_tool_calls": default(body, "parallel_tool_calls"),
+        "previous_response_id": echo.previous_response_id,
+        # the effort as asked; no backend here writes a reasoning summary, so none is given
+        "reasoning": {"effort": reasoning.get("effort"), "summary": None},
+        "service_tier": (served.service_tier if served else None) or default(body, "service_tier"),
+        "store": echo.store,
+        "temperature": default(body, "temperature"),
+        "text": {
+            "format": text.get("format") or {"type": "text"},
+            "verbosity": text.get("verbosity") or "medium",
+        },
+        "tool_choice": default(body, "tool_choice"),
+        "tools": [tool_echo(tool) for tool in body.get("tools") or ()],
+        "top_logprobs": default(body, "top_logprobs"),
+        "top_p": default(body, "top_p"),
+        "truncation": default(body, "truncation"),
+        "metadata": body.get("metadata") or {},
+        "safety_identifier": body.get("safety_identifier"),
+        "prompt_cache_key": body.get("prompt_cache_key"),
+    }
+    if body.get("user") is not None:
+        response["user"] = body["user"]
+    if usage is not None:
+        response["usage"] = usage_body(usage)
+    return response  # type: ignore[return-value]
+
+
+def default(body: Any, name: str) -> Any:
+    value = body.get(name)
+    return DEFAULTS[name] if value is None else value
+
+
+def tool_echo(tool: dict[str, Any]) -> dict[str, Any]:
+    """A tool as a response lists it: a function's every field, null where not sent."""
+    if tool.get("type") != "function":
+        return tool
+    return {
+        "type": "function",
+        "name": tool["name"],
+        "description": tool.get("description"),
+        "parameters": tool.get("parameters"),
+        "strict": tool.get("strict"),
+    }
+
+
+def message_item(
+    message_id: str, status: str, text: str | None, refusal: str | None, logprobs: list[dict[str, Any]]
+) -> dict[str, Any]:
+    content: list[dict[str, Any]] = []
+    if text is not None:
+        content.append({"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs})
+    if refusal is not None:
+        content.append({"type": "refusal", "refusal": refusal})
+    return {"id": message_id, "type": "message", "status": status, "role": "assistant", "content": content}
+
+
+def function_call_item(
+    call: ToolCallDelta, status: str = "completed", arguments: str | None = None
+) -> dict[str, Any]:
+    return {
+        "id": "fc_" + random_hex(),
+        "type": "function_call",
+        "status": status,
+        "call_id": call.id,
+        "name": call.name,
+        "arguments": call.arguments if arguments is None else arguments,
+    }
+
+
+def output_text(output: list[dict[str, Any]]) -> str:
+    """The output's text, all messages' text parts joined (the SDKs' `output_text`)."""
+    return "".join(
+        part["text"]
+        for item in output
+        if item["type"] == "message"
+        for part in item["content"]
+        if part["type"] == "output_text"
+    )
+
+
+@dataclass(slots=True)
+class ResponseStream:
+    """What one stream's translation remembers: the next sequence number, the output so far
+    (the item being written last), the open message's parts."""
+
+    sequence: int = 0
+    started: bool = False
+    output: list[dict[str, Any]] = field(default_factory=list)
+    message: dict[str, Any] | None = None  # the message item being written
+    part: dict[str, Any] | None = None  # its content part being written
+    pieces: list[str] = field(default_factory=list)  # that part's text so far
+    served: ServedBy = field(default_factory=ServedBy)
+    reason: FinishReason | None = None
+    response: dict[str, Any] | None = None  # the whole response, once it has ended
+
+
+class ResponsesTranslator:
+    """The Responses API's translator for the chat flow (gateway/chat.py)."""
+
+    framing = NamedEventSSE()
+    id_prefix = "resp_"
+
+    def __init__(self, facts: DocumentFacts, errors: TranslatorFactory) -> None:
+        """`errors`: the translator whose error bodies this API shares (OpenAI's)."""
+        self.facts = facts
+        self.errors = errors(facts)
+
+    def read(self, body: Any) -> ChatRequest:
+        return read(self.facts, body)
+
+    # ----- a whole answer ------------------------------------------------------------------
+
+    def completion(self, answer: Answer, completion: Completion) -> openai_doc.Response:
+        output: list[dict[str, Any]] = []
+        reason: FinishReason | None = None
+        for choice in completion.choices[:1]:  # one choice: the Responses API has no `n`
+            reason = choice.finish_reason
+            if choice.text or choice.refusal is not None or not choice.tool_calls:
+                output.append(
+                    message_item(
+                        item_id("msg_"),
+                        "incomplete" if reason in INCOMPLETE else "completed",
+                        choice.text if choice.text or choice.refusal is None else None,
+                        choice.refusal,
+                        logprob_entries(choice.logprobs),
+                    )
+                )
+            output += [function_call_item(call) for call in choice.tool_calls]
+        status = "incomplete" if reason in INCOMPLETE else "completed"
+        body = response_body(answer, status, output, completion.usage, completion.served, reason)
+        body["output_text"] = output_text(output)
+        return body
+
+    # ----- a stream ------------------------------------------------------------------------
+
+    def new_stream_state(self) -> ResponseStream:
+        return ResponseStream()
+
+    def event(self, state: ResponseStream, payload: dict[str, Any]) -> dict[str, Any]:
+        payload["sequence_number"] = state.sequence
+        state.sequence += 1
+        return payload
+
+    def opening(self, answer: Answer, state: ResponseStream) -> list[dict[str, Any]]:
+        state.started = True
+        created = response_body(answer, "in_progress", [])
+        return [
+            self.event(state, {"type": "response.created", "response": created}),
+            self.event(state, {"type": "response.in_progress", "response": created}),
+        ]
+
+    def chunks(self, answer: Answer, event: Event, state: ResponseStream) -> list[Any]:
+        out = self.opening(answer, state) if not state.started else []
+        match event:
+            case TextDelta(index=0, text=text, logprobs=logprobs):
+                if text or logprobs:
+                    out += self.text(state, "output_text", text, logprob_entries(logprobs))
+            case RefusalDelta(index=0, text=text):
+                out += self.text(state, "refusal", text, [])
+            case ToolCallDelta(index=0):
+                out += self.close_message(state, "completed")
+                out += self.function_call(state, event)
+            case Finish(index=0, reason=reason):
+                state.reason = reason
+                out += self.close_message(state, "incomplete" if reason in INCOMPLETE else "completed")
+            case ServedBy():
+                state.served = ServedBy(
+                    event.system_fingerprint or state.served.system_fingerprint,
+                    event.service_tier or state.served.service_tier,
+                )
+            case Usage():
+                out += self.close_message(state, "completed")
+                status = "incomplete" if state.reason in INCOMPLETE else "completed"
+                response = response_body(answer, status, state.output, event, state.served, state.reason)
+                response["output_text"] = output_text(state.output)
+                state.response = dict(response)
+                out.append(self.event(state, {"type": f"response.{status}", "response": response}))
+        return out
+
+    def text(self, state: ResponseStream, kind: str, text: str, logprobs: list[dict[str, Any]]) -> list[Any]:
+        """A piece of text or refusal, opening its message and part first when they are not open."""
+        out: list[Any] = []
+        message = state.message
+        if message is None:
+            message = state.message = message_item(item_id("msg_"), "in_progress", None, None, [])
+            state.output.append(message)
+            out.append(self.item_event(state, "response.output_item.added", message))
+        part = state.part
+        if part is not None and part["type"] != kind:
+            out += self.close_part(state)
+            part = None
+        index = len(message["content"]) - (1 if part is not None else 0)
+        base = {"item_id": message["id"], "output_index": len(state.output) - 1, "content_index": index}
+        if part is None:
+            part = state.part = (
+                {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+                if kind == "output_text"
+                else {"type": "refusal", "refusal": ""}
+            )
+            message["content"].append(part)
+            out.append(self.event(state, {"type": "response.content_part.added", **base, "part": dict(part)}))
+        state.pieces.append(text)
+        if kind == "output_text":
+            part["logprobs"] += logprobs
+            out.append(
+                self.event(
+                    state, {"type": "response.output_text.delta", **base, "delta": text, "logprobs": logprobs}
+                )
+            )
+        else:
+            out.append(self.event(state, {"type": "response.refusal.delta", **base, "delta": text}))
+        return out
+
+    def item_event(self, state: ResponseStream, kind: str, item: dict[str, Any]) -> dict[str, Any]:
+        copy = {**item, "content": list(item["content"])} if "content" in item else dict(item)
+        return self.event(state, {"type": kind, "output_index": state.output.index(item), "item": copy})
+
+    def close_part(self, state: ResponseStream) -> list[Any]:
+        message, part = state.message, state.part
+        if message is None or part is None:
+            return []
+        whole = "".join(state.pieces)
+        state.pieces, state.part = [], None
+        base = {
+            "item_id": message["id"],
+            "output_index": state.output.index(message),
+            "content_index": len(message["content"]) - 1,
+        }
+        if part["type"] == "output_text":
+            part["text"] = whole
+            done = {"type": "response.output_text.done", **base, "text": whole, "logprobs": part["logprobs"]}
+        else:
+            part["refusal"] = whole
+            done = {"type": "response.refusal.done", **base, "refusal": whole}
+        return [
+            self.event(state, done),
+            self.event(state, {"type": "response.content_part.done", **base, "part": dict(part)}),
+        ]
+
+    def close_message(self, state: ResponseStream, status: str) -> list[Any]:
+        message = state.message
+        if message is None:
+            return []
+        out = self.close_part(state)
+        message["status"] = status
+        state.message = None
+        out.append(self.item_event(state, "response.output_item.done", message))
+        return out
+
+    def function_call(self, state: ResponseStream, call: ToolCallDelta) -> list[Any]:
+        item = function_call_item(call, "in_progress", "")
+        state.output.append(item)
+        index = len(state.output) - 1
+        out = [self.item_event(state, "response.output_item.added", item)]
+        base = {"item_id": item["id"], "output_index": index}
+        if call.arguments:
+            out.append(
+                self.event(
+                    state, {"type": "response.function_call_arguments.delta", **base, "delta": call.arguments}
+                )
+            )
+        out.append(
+            self.event(
+                state,
+                {
+                    "type": "response.function_call_arguments.done",
+                    **base,
+                    "name": call.name,
+                    "arguments": call.arguments,
+                },
+            )
+        )
+        item["arguments"], item["status"] = call.arguments, "completed"
+        out.append(self.item_event(state, "response.output_item.done", item))
+        return out
+
+    # ----- errors --------------------------------------------------------------------------
+
+    def error(self, error: GatewayError, request_id: str) -> RenderedError:
+        return self.errors.error(error, request_id)
+
+    def stream_error(self, error: GatewayError, request_id: str, state: ResponseStream) -> Any:
+        return self.event(
+            state, {"type": "error", "code": error.code, "message": error.message, "param": error.param}
+        )

@@ -1,0 +1,158 @@
+"""Stored responses: what `store` keeps (the response, its input items and the whole conversation
+up to it), how `previous_response_id` continues one (its history put before the input, before
+admission, so limits and budgets count it), and the operations that read, list, delete and cancel
+them. Every record is kept under its key's identity: another key finds nothing (404)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from starlette.responses import Response
+
+from gateway.core.canonical import ChatRequest
+from gateway.core.errors import BadRequest, NotFound
+from gateway.core.ids import random_hex
+from gateway.core.token_count import estimate
+from gateway.dialects.dialect import Handler, ModelDirectory, OperationCall, ResponseStore
+from gateway.dialects.responses.reading import Echo, messages_of, read
+from gateway.dialects.translator import JSON, Answer, DocumentFacts, Translator
+
+ID_PREFIXES = {"message": "msg_", "function_call": "fc_", "function_call_output": "fco_", "reasoning": "rs_"}
+
+
+def not_found(response_id: str, param: str = "response_id") -> NotFound:
+    return NotFound(f"No response found with id '{response_id}'.", param=param, code="not_found")
+
+
+def with_ids(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The input items as stored and listed: each with its `type` and an id (the client's, or made)."""
+    found = []
+    for item in items:
+        kind = item.get("type") or "message"
+        stored = {**item, "type": kind}
+        if not stored.get("id"):
+            stored["id"] = ID_PREFIXES.get(kind, "item_") + random_hex()
+        found.append(stored)
+    return found
+
+
+class ResponseKeeping:
+    """The Responses chat operation's hook (gateway.dialects.dialect.ChatHook)."""
+
+    def __init__(self, directory: ModelDirectory, translator: Translator[Any]) -> None:
+        self.directory = directory
+
+    @property
+    def store(self) -> ResponseStore:
+        return self.directory.responses
+
+    async def before(self, call: OperationCall, request: ChatRequest) -> None:
+        echo = request.echo
+        if not isinstance(echo, Echo) or echo.previous_response_id is None:
+            return
+        await continued(self.store, call.caller.identity, request, echo)
+
+    async def answered(self, call: OperationCall, answer: Answer, body: Any) -> None:
+        await self.keep(call, answer, body)
+
+    async def streamed(self, call: OperationCall, answer: Answer, state: Any) -> None:
+        if state.response is not None:
+            await self.keep(call, answer, state.response)
+
+    async def keep(self, call: OperationCall, answer: Answer, response: dict[str, Any]) -> None:
+        echo = answer.request.echo
+        if not isinstance(echo, Echo) or not echo.store:
+            return
+        items = with_ids(echo.items)
+        record = {
+            "response": response,
+            "input": items,
+            "history": [*echo.history, *items, *response["output"]],
+        }
+        await self.store.put(call.caller.identity, answer.id, record)
+
+
+async def continued(store: ResponseStore, owner: str, request: ChatRequest, echo: Echo) -> None:
+    """The stored conversation `previous_response_id` names, put before the request's input."""
+    previous = echo.previous_response_id
+    assert previous is not None
+    record = await store.get(owner, previous)
+    if record is None:
+        raise not_found(previous, "previous_response_id")
+    echo.history = record["history"]
+    at = echo.history_at
+    request.messages[at:at] = messages_of(echo.history, [], "previous_response_id")
+
+
+def operations(directory: ModelDirectory, translator: Translator[Any]) -> dict[str, Handler]:
+    """The stored responses' own operations, answered for the caller's key only."""
+
+    async def get_response(call: OperationCall) -> Response:
+        response_id = call.path_params["response_id"]
+        record = await directory.responses.get(call.caller.identity, response_id)
+        if record is None:
+            raise not_found(response_id)
+        return Response(orjson.dumps(record["response"]), media_type=JSON)
+
+    async def delete_response(call: OperationCall) -> Response:
+        response_id = call.path_params["response_id"]
+        if not await directory.responses.delete(call.caller.identity, response_id):
+            raise not_found(response_id)
+        return Response(
+            orjson.dumps({"id": response_id, "object": "response", "deleted": True}), media_type=JSON
+        )
+
+    async def list_input_items(call: OperationCall) -> Response:
+        response_id = call.path_params["response_id"]
+        record = await directory.responses.get(call.caller.identity, response_id)
+        if record is None:
+            raise not_found(response_id)
+        query = call.query
+        items = list(record["input"])
+        if query.get("order", "desc") == "desc":
+            items.reverse()
+        after = query.get("after")
+        if after is not None:
+            ids = [item["id"] for item in items]
+            if after not in ids:
+                raise BadRequest(f"No input item with id '{after}' in this response.", param="after")
+            items = items[ids.index(after) + 1 :]
+        limit = int(query.get("limit", 20))
+        page = items[:limit]
+        listed = {
+            "object": "list",
+            "data": page,
+            "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None,
+            "has_more": len(items) > limit,
+        }
+        return Response(orjson.dumps(listed), media_type=JSON)
+
+    async def cancel_response(call: OperationCall) -> Response:
+        response_id = call.path_params["response_id"]
+        if await directory.responses.get(call.caller.identity, response_id) is None:
+            raise not_found(response_id)
+        raise BadRequest(
+            "Only a response created with background=true can be cancelled, and this gateway runs "
+            "none in the background: this one has already ended.",
+            param="response_id",
+            code="cannot_cancel",
+        )
+
+    async def count_input_tokens(call: OperationCall) -> Response:
+        body = call.body or {}
+        request = read(DocumentFacts(frozenset(body)), body)  # only the input counts: nothing is extra
+        echo = request.echo
+        if isinstance(echo, Echo) and echo.previous_response_id is not None:
+            await continued(directory.responses, call.caller.identity, request, echo)
+        counted = {"object": "response.input_tokens", "input_tokens": estimate(request.messages)}
+        return Response(orjson.dumps(counted), media_type=JSON)
+
+    return {
+        "getResponse": get_response,
+        "deleteResponse": delete_response,
+        "listInputItems": list_input_items,
+        "cancelResponse": cancel_response,
+        "getInputTokenCounts": count_input_tokens,
+    }
