@@ -52,7 +52,20 @@ NUMBER_KEYWORDS = frozenset(
 BOOLEAN_KEYWORDS = frozenset(
     {"nullable", "x-nullable", "deprecated", "readOnly", "writeOnly", "uniqueItems", "additionalProperties"}
 )
-NOT_SCHEMA_KEYWORDS = frozenset({"nullable", "x-nullable", "example", "examples", "discriminator", "xml"})
+# (OpenAI's file also writes draft 2019-09's `$recursiveAnchor`/`$recursiveRef`, in a file-search
+# filter the Responses schemas reach: dropped, so the recursive branch admits any filter)
+NOT_SCHEMA_KEYWORDS = frozenset(
+    {
+        "nullable",
+        "x-nullable",
+        "example",
+        "examples",
+        "discriminator",
+        "xml",
+        "$recursiveAnchor",
+        "$recursiveRef",
+    }
+)
 
 # What a body is, for the validators: a whole completion, one stream chunk, an error body, …
 COMPLETION, CHUNK, ERROR = "completion", "chunk", "error"
@@ -263,6 +276,12 @@ OPENAI = VendorDocument(
         "model": "Model",
         "model_list": "ListModelsResponse",
         "request": "CreateChatCompletionRequest",
+        # the Responses API, served under the same mount
+        "response": "Response",
+        "response_event": "ResponseStreamEvent",
+        "response_request": "CreateResponse",
+        "response_items": "ResponseItemList",
+        "input_tokens": "TokenCountsResource",
     },
     answers={
         ("post", "/chat/completions"): COMPLETION,
