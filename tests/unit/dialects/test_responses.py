@@ -174,8 +174,14 @@ def test_sampling_and_limits_are_read():
 
 
 def test_unknown_keys_go_to_the_extra_parameters_policy():
-    request = read({"model": "m", "input": "x", "client_metadata": {"a": 1}, "store": False})
-    assert request.extra == {"client_metadata": {"a": 1}}
+    request = read({"model": "m", "input": "x", "a_future_field": {"a": 1}, "store": False})
+    assert request.extra == {"a_future_field": {"a": 1}}
+
+
+def test_codex_client_metadata_is_a_known_field():
+    """Codex CLI sends it on every request: it is read, not refused by the default policy."""
+    request = read({"model": "m", "input": "x", "client_metadata": {"session_id": "s"}})
+    assert request.extra == {}
 
 
 @pytest.mark.parametrize(
