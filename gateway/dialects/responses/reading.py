@@ -53,9 +53,13 @@ def input_items(value: Any) -> list[dict[str, Any]]:
 
 
 def content_parts(content: Any, where: str) -> str | list[dict[str, Any]]:
-    """A message's content as chat content: a string as it is, parts as chat parts."""
+    """A message's content as chat content: a string as it is, one text part as its string (as
+    chat clients send text: servers such as llama.cpp's take no parts for a system message), other
+    parts as chat parts."""
     if isinstance(content, str):
         return content
+    if len(content) == 1 and content[0].get("type") in ("input_text", "output_text"):
+        return content[0].get("text", "")
     parts: list[dict[str, Any]] = []
     for index, part in enumerate(content):
         kind = part.get("type")
@@ -120,7 +124,8 @@ def messages_of(
             if last is not None and last["role"] == "assistant":  # its text and calls, one message
                 last.setdefault("tool_calls", []).append(call)
             else:
-                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+                # no content, rather than null: servers such as llama.cpp's refuse a null
+                messages.append({"role": "assistant", "tool_calls": [call]})
         elif kind == "function_call_output":
             output = item["output"]
             text = output if isinstance(output, str) else text_of(content_parts(output, f"{at}.output"))
