@@ -20,6 +20,7 @@ import os
 import shutil
 import subprocess
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,12 +30,14 @@ import pytest
 import yaml
 
 from tests.support.client_libraries import AGENT_CLIENTS, CLIENTS, node_environment, node_folder
-from tests.support.real_server_fixtures import Upstream, llama_cpp_upstream, model_dir  # noqa: F401
+from tests.support.real_server_fixtures import DEPLOYMENT, probed
+from tests.support.real_servers import RunningServer, convert_to_gguf, llama_cpp_server
 from tests.support.recording_relay import Exchange, RecordingRelay
 from tests.support.servers import running_gateway
+from tests.support.tiny_model import save_tiny_model
 
 PREFIX = "[chatgate echo backend, not a language model] You said: "
-KEY = "sk-chatgate-responses-clients-test"  # the echo gateway's one key
+KEY = "sk-chatgate-responses-clients-test"  # each gateway's one key
 MAX_TOKENS = 16  # of each answer of the tiny model (echo's answers are whole)
 TIMEOUT = 180  # seconds a client may take, a slow machine included
 NODE_INPUT = "Hello from Node"
@@ -49,11 +52,11 @@ class Target:
     url: str
     model: str
     relay: RecordingRelay
-    upstream: Upstream | None = None  # the real server, where there is one
+    server: RunningServer | None = None  # the real server behind the gateway, where there is one
 
     @property
     def echo(self) -> bool:
-        return self.upstream is None
+        return self.server is None
 
     def max_tokens(self) -> list[str]:
         return [] if self.echo else [str(MAX_TOKENS)]
@@ -61,8 +64,6 @@ class Target:
     def chat_usage(self, text: str) -> dict[str, int]:
         """The usage the gateway reports for this input on its chat completions API."""
         body = {"model": self.model, "messages": [{"role": "user", "content": text}]}
-        if not self.echo:
-            body["max_tokens"] = MAX_TOKENS
         answer = httpx.post(f"{self.url}/v1/chat/completions", json=body, headers=auth(), timeout=60)
         assert answer.status_code == 200, answer.text
         return answer.json()["usage"]
@@ -72,26 +73,50 @@ def auth() -> dict[str, str]:
     return {"authorization": f"Bearer {KEY}"}
 
 
-@pytest.fixture(scope="module")
-def echo_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The embedded echo behind a gateway that requires a key."""
-    folder = tmp_path_factory.mktemp("responses-echo")
+@contextmanager
+def keyed_gateway(folder: Path, deployment: dict[str, Any]) -> Iterator[str]:
+    """A gateway whose one deployment is this, that requires KEY."""
     key = {"name": "clients", "sha256": hashlib.sha256(KEY.encode()).hexdigest(), "deployments": ["*"]}
-    config = {"deployments": [{"name": "echo", "backend": "echo"}], "keys": [key]}
-    (folder / "config.yaml").write_text(yaml.safe_dump(config))
+    (folder / "config.yaml").write_text(yaml.safe_dump({"deployments": [deployment], "keys": [key]}))
     with running_gateway(folder, folder / "config.yaml") as url:
         yield url
 
 
+@pytest.fixture(scope="module")
+def echo_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with keyed_gateway(tmp_path_factory.mktemp("responses-echo"), {"name": "echo", "backend": "echo"}) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def llama_cpp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, RunningServer]]:
+    """llama.cpp's server on the tiny model, and a gateway in front whose deployment `tiny`
+    answers a request that names no limit with MAX_TOKENS at most (Codex CLI names none, and the
+    tiny model never ends a turn by itself: without it, it writes to the end of its context)."""
+    folder = tmp_path_factory.mktemp("responses-llama.cpp")
+    gguf = convert_to_gguf(save_tiny_model(folder / "model"), folder / "tiny.gguf")
+    with llama_cpp_server(gguf, folder) as server:
+        options = {"base_url": server.base_url, "upstream_model": server.model, "probe": True}
+        deployment = {
+            "name": DEPLOYMENT,
+            "backend": "openai-compatible",
+            "options": options,
+            "capabilities": {"default_max_tokens": MAX_TOKENS},
+        }
+        with keyed_gateway(folder, deployment) as url:
+            probed(url)
+            yield url, server
+
+
 @pytest.fixture(scope="module", params=["echo", "llama.cpp"])
 def target(request: pytest.FixtureRequest) -> Iterator[Target]:
+    server = None
     if request.param == "echo":
-        gateway, model, upstream = request.getfixturevalue("echo_gateway"), "echo", None
+        gateway, model = request.getfixturevalue("echo_gateway"), "echo"
     else:
-        upstream = request.getfixturevalue("llama_cpp_upstream")
-        gateway, model = upstream.gateway, upstream.deployment
+        (gateway, server), model = request.getfixturevalue("llama_cpp"), DEPLOYMENT
     with RecordingRelay(gateway) as relay:
-        yield Target(request.param, relay.url, model, relay, upstream)
+        yield Target(request.param, relay.url, model, relay, server)
 
 
 def run_json(command: list[str], **options: Any) -> dict[str, Any]:
@@ -288,10 +313,14 @@ def codex(target: Target, home: Path, prompt: str, *options: str) -> subprocess.
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=TIMEOUT,
     )
-    assert result.returncode == 0, f"codex failed ({result.returncode}):\n{result.stderr[-4000:]}"
     return result
+
+
+def succeeded(result: subprocess.CompletedProcess[str]) -> bool:
+    assert result.returncode == 0, f"codex failed ({result.returncode}):\n{result.stderr[-4000:]}"
+    return True
 
 
 def test_codex_cli_plain_turn(target: Target, tmp_path: Path):
@@ -299,10 +328,22 @@ def test_codex_cli_plain_turn(target: Target, tmp_path: Path):
     result = codex(target, tmp_path / "codex", prompt)
     (turn,) = responses_posted(target, prompt)
     assert turn.status == 200 and turn.body["stream"] is True
-    answered = output_text(completed(turn))
+    response = completed(turn)
+    answered = output_text(response)
+    assert answered.strip()
+    assert "response.output_item.done" in [event["type"] for event in turn.events()]  # Codex reads it
     if target.echo:
-        assert answered == PREFIX + prompt
-    assert answered.strip() and result.stdout.strip() == answered.strip()
+        assert succeeded(result) and answered == PREFIX + prompt
+    elif response["status"] == "incomplete":
+        # the tiny model wrote to the deployment's limit: the gateway says so, Codex reports it
+        assert response["incomplete_details"] == {"reason": "max_output_tokens"}
+        assert 0 < response["usage"]["output_tokens"] <= MAX_TOKENS  # a stream's: counted by chunks
+        assert result.returncode == 1
+        assert "Incomplete response returned, reason: max_output_tokens" in result.stderr
+        return
+    else:  # it ended its turn by itself
+        assert succeeded(result) and response["status"] == "completed"
+    assert result.stdout.strip() == answered.strip()
 
 
 def test_codex_cli_runs_a_shell_tool_and_sends_its_output_back(echo_gateway: str, tmp_path: Path):
@@ -312,6 +353,7 @@ def test_codex_cli_runs_a_shell_tool_and_sends_its_output_back(echo_gateway: str
         target = Target("echo", relay.url, "echo", relay)
         prompt = 'call exec_command {"cmd": "echo tool-$((6*7))"}'
         result = codex(target, tmp_path / "codex", prompt, "--dangerously-bypass-approvals-and-sandbox")
+        assert succeeded(result)
         first, second = responses_posted(target, prompt)
     offered = {tool.get("name") for tool in first.body["tools"] if tool.get("type") == "function"}
     assert "exec_command" in offered
