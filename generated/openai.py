@@ -395,24 +395,6 @@ class CreateChatCompletionStreamResponseEvent(TypedDict):
     data: Literal["[DONE]"] | str
 
 
-class Conversation(TypedDict):
-    """
-    A stored conversation; refused (no Conversations API here).
-    """
-
-    id: str
-
-
-class Prompt(TypedDict):
-    """
-    A stored prompt template; refused (no prompt store here).
-    """
-
-    id: str
-    version: NotRequired[str | None]
-    variables: NotRequired[dict[str, Any] | None]
-
-
 class ResponseStreamOptions(TypedDict):
     """
     Stream options.
@@ -474,20 +456,20 @@ class InputImageContent(TypedDict):
     """
 
     type: Literal["input_image"]
-    image_url: NotRequired[str | None]
+    image_url: str
     file_id: NotRequired[str | None]
     detail: NotRequired[Literal["low", "high", "auto", "original"] | None]
 
 
 class InputFileContent(TypedDict):
     """
-    A file, by its data; file ids and URLs are refused (no Files API here).
+    A file, by its data (base64, or a data URL).
     """
 
     type: Literal["input_file"]
     file_id: NotRequired[str | None]
     filename: NotRequired[str]
-    file_data: NotRequired[str]
+    file_data: str
     file_url: NotRequired[str]
     detail: NotRequired[str]
 
@@ -701,6 +683,18 @@ class TokenCountsResource(TypedDict):
 
     object: Literal["response.input_tokens"]
     input_tokens: int
+
+
+class ResponseStreamEventFrame(TypedDict):
+    """
+    One server-sent event (`event: <type>` and `data: <payload>`): its `data` is a
+    `ResponseStreamEvent` as JSON, whose `type` names the event. The stream has no end
+    marker: `response.completed`, `response.incomplete`, `response.failed` or `error` ends it.
+
+    """
+
+    event: NotRequired[str]
+    data: str
 
 
 class ResponseTextDeltaEvent(TypedDict):
@@ -1232,7 +1226,7 @@ class Response(TypedDict):
     temperature: float | None
     text: NotRequired[ResponseTextParam | None]
     tool_choice: ToolChoiceParam
-    tools: list[Tool]
+    tools: list[FunctionTool]
     top_logprobs: NotRequired[int | None]
     top_p: float | None
     truncation: NotRequired[Literal["auto", "disabled"] | None]
@@ -1362,9 +1356,9 @@ class CreateResponse(TypedDict):
     ]
     include: NotRequired[list[IncludeEnum] | None]
     reasoning: NotRequired[Reasoning | None]
-    background: NotRequired[bool | None]
-    conversation: NotRequired[str | Conversation | None]
-    prompt: NotRequired[Prompt | None]
+    background: NotRequired[Literal[False] | None]
+    conversation: NotRequired[None]
+    prompt: NotRequired[dict[str, Any] | None]
     context_management: NotRequired[list[dict[str, Any]] | None]
     moderation: NotRequired[dict[str, Any] | None]
     prompt_cache_options: NotRequired[dict[str, Any] | None]

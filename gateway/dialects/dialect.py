@@ -99,6 +99,9 @@ class OwnChat:
 
     translator: TranslatorFactory
     hook: Callable[[ModelDirectory, Translator[Any]], ChatHook] | None = None
+    # the probe set (gateway.probes.sets) it is probed with, by the name `chatgate probe
+    # --dialect` takes, under its dialect's mount
+    probes: str | None = None
 
 
 def no_operations(directory: ModelDirectory, translator: Translator[Any]) -> dict[str, Handler]:

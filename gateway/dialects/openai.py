@@ -158,6 +158,7 @@ DIALECT = Dialect(
         "createResponse": OwnChat(
             translator=functools.partial(responses.ResponsesTranslator, errors=OpenAITranslator),
             hook=responses.ResponseKeeping,
+            probes="responses",
         )
     },
     operations=operations,

@@ -230,8 +230,13 @@ def shape_cases(
     fields = defined_body_fields(document)
     seeded = frozenset(seeded_operations(document))
     shaping = DOCUMENTED_RULES.get(dialect)
-    chat = frozenset(DIALECTS[dialect].chat_operations) if dialect in DIALECTS else frozenset()
-    rules = DialectSpec(document, chat).rules
+    # each operation's bodies are judged by the rules its own body schema states
+    rules = {
+        (method.upper(), path): DialectSpec(document, frozenset({operation["operationId"]})).rules
+        for path, item in document.get("paths", {}).items()
+        for method, operation in item.items()
+        if isinstance(operation, dict) and "requestBody" in operation and "operationId" in operation
+    }
 
     def map_case(context: Any, case: Any) -> Any:
         is_positive = positive(case)
@@ -247,7 +252,7 @@ def shape_cases(
         if shaping is not None and is_positive:
             case.body = shaping(case.body)
         if is_positive:
-            judged_by_the_rules(case, rules)
+            judged_by_the_rules(case, rules.get((case.operation.method.upper(), case.operation.path), ()))
         if seed is not None and (case.operation.method.upper(), case.operation.path) in seeded:
             ask_for_the_seed(case, seed)
         return case

@@ -239,6 +239,8 @@ class VendorDocument:
     schemas_at: tuple[str, ...]  # where the document keeps its schemas
     kinds: dict[str, str]  # body kind → vendor schema name
     answers: dict[tuple[str, str], str]  # (method, path in our document) → what its 200 JSON is
+    # (method, path) → what each event of its stream is, where not a chat chunk (CHUNK)
+    streams: dict[tuple[str, str], str] = field(default_factory=dict)
     deviations: tuple[Deviation, ...] = ()
     # bodies the vendor's document describes differently in kind, not in detail: not checked
     not_checked: dict[str, str] = field(default_factory=dict)
@@ -287,7 +289,12 @@ OPENAI = VendorDocument(
         ("post", "/chat/completions"): COMPLETION,
         ("get", "/models"): "model_list",
         ("get", "/models/{model}"): "model",
+        ("post", "/responses"): "response",
+        ("get", "/responses/{response_id}"): "response",
+        ("get", "/responses/{response_id}/input_items"): "response_items",
+        ("post", "/responses/input_tokens"): "input_tokens",
     },
+    streams={("post", "/responses"): "response_event"},
 )
 
 # Azure's `error`: the seed's field, holding the document's (Azure.Core's) error object, which
@@ -460,6 +467,8 @@ def answer_bodies(
 ) -> list[tuple[str, Any]]:
     """(kind, body) for each JSON body or stream chunk of one answer that the vendor describes."""
     if media_type == "text/event-stream":
+        if (event_kind := vendor.streams.get((method.lower(), path))) is not None:
+            return [(event_kind, json.loads(payload)) for payload in stream_payloads(content, complete)]
         found = []
         for payload in stream_payloads(content, complete):
             if payload == "[DONE]":

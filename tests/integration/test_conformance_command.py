@@ -85,6 +85,11 @@ def test_clean_against_a_live_chatgate(clean_runs: dict[str, subprocess.Complete
     assert result.returncode == 0, result.stdout + result.stderr
     assert "result: conformant" in result.stdout
     assert "POST /chat/completions" in result.stdout
+    if dialect == "openai":  # the Responses API's operations, under the same mount
+        assert (
+            "POST /responses  " in result.stdout
+            and "GET /responses/{response_id}/input_items" in result.stdout
+        )
 
 
 @pytest.mark.parametrize("dialect", list(CLEAN))

@@ -92,7 +92,9 @@ async def _another_key_finds_nothing(client: httpx.AsyncClient):
     read = await client.get(f"/v1/responses/{rid}", headers=auth(KEY_A))
     assert read.status_code == 200 and read.json() == mine
     items = (await client.get(f"/v1/responses/{rid}/input_items", headers=auth(KEY_A))).json()
-    assert items["data"][0]["content"] == SECRET and items["has_more"] is False
+    assert (
+        items["data"][0]["content"] == [{"type": "input_text", "text": SECRET}] and items["has_more"] is False
+    )
     cancel = await client.post(f"/v1/responses/{rid}/cancel", headers=auth(KEY_A))
     assert cancel.status_code == 400 and "background" in cancel.json()["error"]["message"]
     assert (await client.delete(f"/v1/responses/{rid}", headers=auth(KEY_A))).json() == {
@@ -128,18 +130,43 @@ async def _a_continued_conversation_is_counted_and_listed(client: httpx.AsyncCli
     listed = (
         await client.get(f"/v1/responses/{third['id']}/input_items?order=asc&limit=1", headers=auth(KEY_A))
     ).json()
-    assert [item["content"] for item in listed["data"]] == ["five"] and listed["has_more"] is True
+    assert [item["content"][0]["text"] for item in listed["data"]] == ["five"] and listed["has_more"] is True
     after = listed["last_id"]
     rest = (
         await client.get(
             f"/v1/responses/{third['id']}/input_items?order=asc&after={after}", headers=auth(KEY_A)
         )
     ).json()
-    assert [item["content"] for item in rest["data"]] == ["six"]
+    assert [item["content"][0]["text"] for item in rest["data"]] == ["six"]
 
 
 def test_a_streamed_response_is_stored_before_it_ends():
     in_app(_a_streamed_response_is_stored_before_it_ends)
+
+
+def test_an_item_reference_names_a_stored_item():
+    in_app(_an_item_reference_names_a_stored_item)
+
+
+async def _an_item_reference_names_a_stored_item(client: httpx.AsyncClient):
+    first = await create(client, KEY_A, input="remember the colour teal")
+    said = first["output"][0]["id"]
+    second = await create(
+        client,
+        KEY_A,
+        input=[{"type": "item_reference", "id": said}, {"role": "user", "content": "and?"}],
+        previous_response_id=first["id"],
+    )
+    listed = (
+        await client.get(f"/v1/responses/{second['id']}/input_items?order=asc", headers=auth(KEY_A))
+    ).json()
+    assert listed["data"][0]["id"] == said and listed["data"][0]["role"] == "assistant"
+    unknown = await client.post(
+        "/v1/responses",
+        json={"model": "echo", "input": [{"type": "item_reference", "id": "msg_nothing"}]},
+        headers=auth(KEY_A),
+    )
+    assert unknown.status_code == 404 and unknown.json()["error"]["param"] == "input.0"
 
 
 async def _a_streamed_response_is_stored_before_it_ends(client: httpx.AsyncClient):

@@ -3,12 +3,17 @@ and plain HTTP: whole and streamed answers, tool calls, structured output, store
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import httpx
 import pytest
 from openai import NotFoundError, OpenAI
 from pydantic import BaseModel
 
 from backends.echo import PREFIX
+from tests.support.servers import ROOT
 
 WEATHER_TOOL = {
     "type": "function",
@@ -173,3 +178,24 @@ def test_errors_are_openai_shaped(gateway_url: str):
         f"{gateway_url}/v1/responses", json={"model": "echo", "input": "x", "background": True}, timeout=10
     )
     assert background.status_code == 400 and background.json()["error"]["param"] == "background"
+
+
+def test_chatgate_probe_knows_the_responses_api(gateway_url: str):
+    command = [sys.executable, "-m", "gateway", "probe", f"{gateway_url}/v1", "--dialect", "responses"]
+    run = subprocess.run(
+        [*command, "--model", "echo", "--json"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr
+    report = json.loads(run.stdout)
+    found = {feature: finding["verdict"] for feature, finding in report["findings"].items()}
+    assert found == {
+        "tools": "honoured",
+        "json_object": "honoured",
+        "json_schema": "honoured",
+        "max_tokens": "honoured",
+        "stream_done": "honoured",
+        "stream_usage": "honoured",
+        "error_shape": "honoured",
+        "auth": "ignored",  # the default gateway is open
+    }
+    assert set(report["not_probed"]) == {"n", "logprobs", "stop", "seed"}

@@ -126,8 +126,8 @@ def response_body(
             "format": text.get("format") or {"type": "text"},
             "verbosity": text.get("verbosity") or "medium",
         },
-        "tool_choice": default(body, "tool_choice"),
-        "tools": [tool_echo(tool) for tool in body.get("tools") or ()],
+        "tool_choice": tool_choice_echo(body),
+        "tools": [tool_echo(tool) for tool in body.get("tools") or () if tool.get("type") == "function"],
         "top_logprobs": default(body, "top_logprobs"),
         "top_p": default(body, "top_p"),
         "truncation": default(body, "truncation"),
@@ -147,10 +147,21 @@ def default(body: Any, name: str) -> Any:
     return DEFAULTS[name] if value is None else value
 
 
+def tool_choice_echo(body: Any) -> Any:
+    """The tool choice as it was followed: a word, or a named function (one for a hosted tool,
+    which was not offered, reads as `auto`; allowed tools as their mode)."""
+    choice = body.get("tool_choice")
+    if choice is None or isinstance(choice, str):
+        return DEFAULTS["tool_choice"] if choice is None else choice
+    if choice.get("type") == "function" and choice.get("name"):
+        return {"type": "function", "name": choice["name"]}
+    if choice.get("type") == "allowed_tools":
+        return choice.get("mode", "auto")
+    return "auto"
+
+
 def tool_echo(tool: dict[str, Any]) -> dict[str, Any]:
-    """A tool as a response lists it: a function's every field, null where not sent."""
-    if tool.get("type") != "function":
-        return tool
+    """A function tool as a response lists it: every field, null where not sent."""
     return {
         "type": "function",
         "name": tool["name"],

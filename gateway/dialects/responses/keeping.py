@@ -15,7 +15,7 @@ from gateway.core.errors import BadRequest, NotFound
 from gateway.core.ids import random_hex
 from gateway.core.token_count import estimate
 from gateway.dialects.dialect import Handler, ModelDirectory, OperationCall, ResponseStore
-from gateway.dialects.responses.reading import Echo, messages_of, read
+from gateway.dialects.responses.reading import Echo, is_reference, messages_of, read
 from gateway.dialects.translator import JSON, Answer, DocumentFacts, Translator
 
 ID_PREFIXES = {"message": "msg_", "function_call": "fc_", "function_call_output": "fco_", "reasoning": "rs_"}
@@ -26,15 +26,30 @@ def not_found(response_id: str, param: str = "response_id") -> NotFound:
 
 
 def with_ids(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The input items as stored and listed: each with its `type` and an id (the client's, or made)."""
-    found = []
-    for item in items:
-        kind = item.get("type") or "message"
-        stored = {**item, "type": kind}
-        if not stored.get("id"):
-            stored["id"] = ID_PREFIXES.get(kind, "item_") + random_hex()
-        found.append(stored)
-    return found
+    """The input items as stored and listed, as OpenAI lists them: each with its `type`, an id (the
+    client's, or made) and a status; a message's content as parts."""
+    return [stored_item(item) for item in items]
+
+
+def stored_item(item: dict[str, Any]) -> dict[str, Any]:
+    kind = item.get("type") or "message"
+    stored = {**item, "type": kind}
+    if not stored.get("id"):
+        stored["id"] = ID_PREFIXES.get(kind, "item_") + random_hex()
+    if kind in ("message", "function_call", "function_call_output"):
+        stored["status"] = stored.get("status") or "completed"
+    if kind == "reasoning":
+        stored.setdefault("summary", [])
+    if kind == "message":
+        content = stored["content"]
+        if stored["role"] == "assistant":
+            text = content if isinstance(content, str) else "".join(
+                p.get("text") or p.get("refusal") or "" for p in content
+            )  # fmt: skip
+            stored["content"] = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
+        elif isinstance(content, str):
+            stored["content"] = [{"type": "input_text", "text": content}]
+    return stored
 
 
 class ResponseKeeping:
@@ -49,9 +64,8 @@ class ResponseKeeping:
 
     async def before(self, call: OperationCall, request: ChatRequest) -> None:
         echo = request.echo
-        if not isinstance(echo, Echo) or echo.previous_response_id is None:
-            return
-        await continued(self.store, call.caller.identity, request, echo)
+        if isinstance(echo, Echo) and (echo.previous_response_id is not None or echo.references):
+            await expand(self.store, call.caller.identity, request, echo)
 
     async def answered(self, call: OperationCall, answer: Answer, body: Any) -> None:
         await self.keep(call, answer, body)
@@ -73,15 +87,31 @@ class ResponseKeeping:
         await self.store.put(call.caller.identity, answer.id, record)
 
 
-async def continued(store: ResponseStore, owner: str, request: ChatRequest, echo: Echo) -> None:
-    """The stored conversation `previous_response_id` names, put before the request's input."""
+async def expand(store: ResponseStore, owner: str, request: ChatRequest, echo: Echo) -> None:
+    """The stored conversation `previous_response_id` names put before the request's input, and
+    the items its input names by id (`item_reference`) found in it (404 when not there)."""
     previous = echo.previous_response_id
-    assert previous is not None
-    record = await store.get(owner, previous)
-    if record is None:
-        raise not_found(previous, "previous_response_id")
-    echo.history = record["history"]
+    if previous is not None:
+        record = await store.get(owner, previous)
+        if record is None:
+            raise not_found(previous, "previous_response_id")
+        echo.history = record["history"]
     at = echo.history_at
+    if echo.references:
+        known = {item.get("id"): item for item in echo.history}
+        resolved = []
+        for index, item in enumerate(echo.items):
+            if is_reference(item):
+                found = known.get(item.get("id"))
+                if found is None:
+                    raise NotFound(
+                        f"No item found with id '{item.get('id')}'.", param=f"input.{index}", code="not_found"
+                    )
+                item = found
+            resolved.append(item)
+        echo.items = resolved
+        del request.messages[at:]
+        request.messages += messages_of(resolved, [])
     request.messages[at:at] = messages_of(echo.history, [], "previous_response_id")
 
 
@@ -144,8 +174,8 @@ def operations(directory: ModelDirectory, translator: Translator[Any]) -> dict[s
         body = call.body or {}
         request = read(DocumentFacts(frozenset(body)), body)  # only the input counts: nothing is extra
         echo = request.echo
-        if isinstance(echo, Echo) and echo.previous_response_id is not None:
-            await continued(directory.responses, call.caller.identity, request, echo)
+        if isinstance(echo, Echo) and (echo.previous_response_id is not None or echo.references):
+            await expand(directory.responses, call.caller.identity, request, echo)
         counted = {"object": "response.input_tokens", "input_tokens": estimate(request.messages)}
         return Response(orjson.dumps(counted), media_type=JSON)
 

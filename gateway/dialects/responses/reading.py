@@ -31,6 +31,7 @@ class Echo:
     # where a continued conversation's history goes in the messages: after the instructions
     history_at: int = 0
     history: list[dict[str, Any]] = field(default_factory=list)  # the stored items it continued
+    references: bool = False  # whether the input names stored items by id (`item_reference`)
 
 
 def unsupported(name: str, value: Any, why: str) -> BadRequest:
@@ -80,7 +81,7 @@ def content_parts(content: Any, where: str) -> str | list[dict[str, Any]]:
                 image["detail"] = part["detail"]
             parts.append({"type": "image_url", "image_url": image})
         elif kind == "input_file":
-            if not part.get("file_data"):
+            if part.get("file_data") is None:
                 raise unsupported(
                     f"{where}.content.{index}", part.get("file_id") or part.get("file_url"),
                     "files by id or URL (no Files API); send file_data",
@@ -99,6 +100,10 @@ def text_of(content: Any) -> str:
     return "".join(p.get("text", "") for p in content if p.get("type") == "text")
 
 
+def is_reference(item: dict[str, Any]) -> bool:
+    return item.get("type") == "item_reference" or (not item.get("type") and "role" not in item)
+
+
 def messages_of(
     items: list[dict[str, Any]], dropped: list[str], where: str = "input"
 ) -> list[dict[str, Any]]:
@@ -106,7 +111,7 @@ def messages_of(
     each output is a `tool` message; reasoning is left out, other tools' items dropped and named."""
     messages: list[dict[str, Any]] = []
     for index, item in enumerate(items):
-        kind = item.get("type", "message" if "role" in item else "item_reference")
+        kind = item.get("type") or ("message" if "role" in item else "item_reference")
         at = f"{where}.{index}"
         if kind == "message":
             role = ROLES[item["role"]]
@@ -131,7 +136,7 @@ def messages_of(
             text = output if isinstance(output, str) else text_of(content_parts(output, f"{at}.output"))
             messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": text})
         elif kind == "item_reference":
-            raise unsupported(at, item.get("id"), "item references (continue with previous_response_id)")
+            pass  # resolved before admission, from the stored conversation (keeping.expand)
         elif kind not in UNSENT_ITEMS:
             dropped.append(f"{at}:{kind}")
     return messages
@@ -228,5 +233,6 @@ def read(facts: DocumentFacts, body: Mapping[str, Any]) -> ChatRequest:
             store=store is not False,
             previous_response_id=body.get("previous_response_id"),
             history_at=history_at,
+            references=any(is_reference(item) for item in items),
         ),
     )

@@ -32,6 +32,7 @@ from gateway.dialects.translator import Answer
 from gateway.http.documents import load_document
 from gateway.tools.vendor_specs import validator
 from tests.support.documents import response_errors
+from tests.unit.dialects.cases import chunk_errors
 
 TRANSLATOR = ResponsesTranslator(
     facts_of(load_document("openai.yaml"), ("createResponse",)), errors=OpenAITranslator
@@ -60,8 +61,12 @@ def vendor(refspecs: Path, kind: str) -> Any:
 
 
 def held_to_both(refspecs: Path, kind: str, body: Any, media_type: str = "application/json") -> None:
+    """Valid for OpenAI's schema of `kind` and for our document's answer (objects closed)."""
     assert vendor(refspecs, kind)(body) == []
-    assert response_errors("openai.yaml", "/responses", "post", 200, body, media_type) == []
+    if media_type == "text/event-stream":
+        assert chunk_errors("openai.yaml", "/responses", body) == []
+    else:
+        assert response_errors("openai.yaml", "/responses", "post", 200, body) == []
 
 
 # ----- reading --------------------------------------------------------------------------------
@@ -213,7 +218,6 @@ def test_codex_client_metadata_is_a_known_field():
         ({"background": True}, "background"),
         ({"conversation": "conv_1"}, "conversation"),
         ({"prompt": {"id": "pmpt_1"}}, "prompt"),
-        ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input.0"),
         (
             {"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "file_1"}]}]},
             "input.0.content.0",
@@ -376,3 +380,20 @@ def test_an_error_after_the_start_is_an_error_event(refspecs: Path):
     held_to_both(refspecs, "response_event", error, "text/event-stream")
     assert error["type"] == "error" and error["sequence_number"] == opened[-1]["sequence_number"] + 1
     assert error["message"] == "upstream broke"
+
+
+def test_an_item_reference_waits_for_the_stored_conversation():
+    request = read(
+        {"model": "m", "input": [{"type": "item_reference", "id": "msg_1"}, {"role": "user", "content": "x"}]}
+    )
+    assert request.echo.references and request.messages == [{"role": "user", "content": "x"}]
+
+
+def test_the_response_lists_only_the_tools_offered():
+    body = {"model": "m", "input": "x", "tools": [{"type": "web_search"}, {"type": "function", "name": "f"}]}
+    response = TRANSLATOR.completion(
+        answer_for(body), Completion([Choice(0, text="a", finish_reason="stop")], USAGE)
+    )
+    assert response["tools"] == [
+        {"type": "function", "name": "f", "description": None, "parameters": None, "strict": None}
+    ]
