@@ -547,7 +547,11 @@ class OtherInputItem(TypedDict):
         "custom_tool_call_output",
         "tool_search_call",
         "tool_search_output",
+        "additional_tools",
         "compaction",
+        "compaction_trigger",
+        "program",
+        "program_output",
     ]
 
 
@@ -586,6 +590,7 @@ class HostedTool(TypedDict):
         "namespace",
         "tool_search",
         "apply_patch",
+        "programmatic_tool_calling",
     ]
 
 
@@ -595,7 +600,8 @@ class ToolChoiceParam1(TypedDict):
     """
 
     type: str
-    name: NotRequired[str]
+    name: NotRequired[str | None]
+    server_label: NotRequired[str]
     mode: NotRequired[Literal["auto", "required"]]
     tools: NotRequired[list[dict[str, Any]]]
 

@@ -14,7 +14,7 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "vendor-fidelity"
 
 
-@pytest.mark.parametrize("document", ["openai", "azure", "aleph-alpha"])
+@pytest.mark.parametrize("document", ["openai", "openai-responses", "azure", "aleph-alpha"])
 def test_no_refusal_of_a_valid_vendor_body_goes_unnamed(refspecs: Path, document: str):
     result = subprocess.run(
         [sys.executable, str(SCRIPT), "--document", document, "--examples", "100"],

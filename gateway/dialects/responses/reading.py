@@ -129,8 +129,8 @@ def messages_of(
             if last is not None and last["role"] == "assistant":  # its text and calls, one message
                 last.setdefault("tool_calls", []).append(call)
             else:
-                # no content, rather than null: servers such as llama.cpp's refuse a null
-                messages.append({"role": "assistant", "tool_calls": [call]})
+                # content "", not null: servers such as llama-cpp-python's refuse a null content
+                messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
         elif kind == "function_call_output":
             output = item["output"]
             text = output if isinstance(output, str) else text_of(content_parts(output, f"{at}.output"))
@@ -215,7 +215,7 @@ def read(facts: DocumentFacts, body: Mapping[str, Any]) -> ChatRequest:
         messages=messages,
         stream=bool(body.get("stream")),
         include_usage=True,
-        max_tokens=body.get("max_output_tokens"),
+        max_tokens=None if body.get("max_output_tokens") is None else int(body["max_output_tokens"]),
         temperature=body.get("temperature"),
         top_p=body.get("top_p"),
         logprobs=logprobs,

@@ -140,7 +140,7 @@ def test_a_lone_text_part_is_a_string_and_a_lone_call_has_no_null_content():
     assert request.messages == [
         {"role": "system", "content": "rules"},
         {"role": "user", "content": "go"},
-        {"role": "assistant", "tool_calls": [call]},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
         {"role": "tool", "tool_call_id": "call_1", "content": "done"},
     ]
 
