@@ -3,7 +3,8 @@
 streamed and not), the Vercel AI SDK's default OpenAI provider (generateText, streamText) and
 Codex CLI headless (a plain turn, and a turn that runs a shell command and sends its output
 back). Each runs on the echo backend behind a gateway that requires a key, and in front of
-llama.cpp's real server (the tiny model: its tool turns are forced; the CLI's turn is plain).
+llama.cpp's real server (the tiny model: the Agents SDK's tool turns are forced, Codex CLI's turn
+is plain).
 
 A recording relay sits between the clients and each gateway, so the tests read what a client
 sent on its second turn (the tool's output) and what the gateway answered. The clients run from
@@ -120,7 +121,7 @@ def target(request: pytest.FixtureRequest) -> Iterator[Target]:
 
 
 def run_json(command: list[str], **options: Any) -> dict[str, Any]:
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300, **options)
+    result = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT, **options)
     assert result.returncode == 0, f"{command[1]} failed:\n{result.stderr[-4000:]}"
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -284,7 +285,7 @@ CODEX_QUIET = [
     "--disable", "plugins", "--disable", "remote_plugin", "--disable", "apps",
     "-c", "include_permissions_instructions=false", "-c", "include_environment_context=false",
     "-c", "include_apps_instructions=false", "-c", "web_search=disabled",
-    "-c", "skills.bundled.enabled=false", "-c", "skills.include_instructions=false",
+    "-c", "skills.include_instructions=false",
     "--disable", "goals", "--disable", "multi_agent", "--disable", "view_image",
     "--disable", "skill_search", "--disable", "image_generation",
 ]  # fmt: skip
