@@ -7,6 +7,7 @@ with 101."""
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -21,6 +22,7 @@ from gateway.app import create_app
 from gateway.config.settings import ResponseStoreSettings, Settings
 from gateway.policy.auth import new_key
 from gateway.policy.response_store import MemoryResponses
+from tests.support.fault_upstream import FaultUpstream
 from tests.support.redis_server import running_redis
 from tests.support.servers import running_gateway
 
@@ -262,3 +264,31 @@ def test_a_websocket_upgrade_is_answered_at_once_without_101(gateway_url: str):
     status = int(head.split(b" ", 2)[1])
     assert status != 101 and 400 <= status < 500, head
     assert b'"error"' in head or b"\r\n\r\n" in head
+
+
+def test_a_stream_the_upstream_cuts_ends_with_an_error_event_and_stores_nothing(
+    tmp_path: Path, log_dir: Path
+):
+    with FaultUpstream() as upstream:
+        config = tmp_path / "config.yaml"
+        deployment = {
+            "name": "cut",
+            "backend": "openai-compatible",
+            "options": {"base_url": upstream.base_url("reset")},
+            "health": {"failures": 1000},
+        }
+        config.write_text(yaml.safe_dump({"deployments": [deployment]}))
+        with running_gateway(log_dir, config) as url:
+            body = {"model": "cut", "input": "hi", "stream": True}
+            answer = httpx.post(f"{url}/v1/responses", json=body, timeout=30)
+            frames = [frame for frame in answer.text.split("\n\n") if frame.strip()]
+            rid = answer.text.split('"id":"', 1)[1].split('"', 1)[0]
+            stored = httpx.get(f"{url}/v1/responses/{rid}", timeout=10)
+    assert answer.status_code == 200
+    assert frames[0].startswith("event: response.created")
+    assert frames[-1].startswith("event: error")
+    error = json.loads(frames[-1].split("data: ", 1)[1])
+    assert set(error) == {"type", "code", "message", "param", "sequence_number"}
+    numbers = [json.loads(frame.split("data: ", 1)[1])["sequence_number"] for frame in frames]
+    assert numbers == list(range(len(frames)))
+    assert stored.status_code == 404  # an answer that failed is not kept
