@@ -1353,6 +1353,7 @@ class CreateResponse(TypedDict):
     metadata: NotRequired[Metadata | None]
     prompt_cache_key: NotRequired[str | None]
     prompt_cache_retention: NotRequired[Literal["in_memory", "24h"] | None]
+    client_metadata: NotRequired[dict[str, str] | None]
     safety_identifier: NotRequired[str | None]
     user: NotRequired[str]
     service_tier: NotRequired[

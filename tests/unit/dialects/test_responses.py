@@ -122,6 +122,29 @@ def test_items_become_chat_messages():
     assert request.dropped == []
 
 
+def test_a_lone_text_part_is_a_string_and_a_lone_call_has_no_null_content():
+    """As chat clients send them: llama.cpp's server refuses a system message in parts and an
+    assistant message whose content is null (Codex CLI sends every message in parts)."""
+    request = read(
+        {
+            "model": "m",
+            "input": [
+                {"role": "developer", "content": [{"type": "input_text", "text": "rules"}]},
+                {"role": "user", "content": [{"type": "input_text", "text": "go"}]},
+                {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "call_1", "output": "done"},
+            ],
+        }
+    )
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    assert request.messages == [
+        {"role": "system", "content": "rules"},
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "done"},
+    ]
+
+
 def test_function_tools_are_offered_and_hosted_ones_dropped_and_named():
     request = read(
         {
@@ -179,8 +202,14 @@ def test_sampling_and_limits_are_read():
 
 
 def test_unknown_keys_go_to_the_extra_parameters_policy():
-    request = read({"model": "m", "input": "x", "client_metadata": {"a": 1}, "store": False})
-    assert request.extra == {"client_metadata": {"a": 1}}
+    request = read({"model": "m", "input": "x", "a_future_field": {"a": 1}, "store": False})
+    assert request.extra == {"a_future_field": {"a": 1}}
+
+
+def test_codex_client_metadata_is_a_known_field():
+    """Codex CLI sends it on every request: it is read, not refused by the default policy."""
+    request = read({"model": "m", "input": "x", "client_metadata": {"session_id": "s"}})
+    assert request.extra == {}
 
 
 @pytest.mark.parametrize(
