@@ -53,14 +53,18 @@ def input_items(value: Any) -> list[dict[str, Any]]:
     return list(value)
 
 
+TEXT_PARTS = ("input_text", "output_text")
+
+
 def content_parts(content: Any, where: str) -> str | list[dict[str, Any]]:
-    """A message's content as chat content: a string as it is, one text part as its string (as
-    chat clients send text: servers such as llama.cpp's take no parts for a system message), other
-    parts as chat parts."""
+    """A message's content as chat content: a string as it is, text parts alone as one string,
+    joined by newlines as vLLM joins them (as chat clients send text: servers such as llama.cpp's
+    take no parts for a system message, and Codex's instructions are two), other parts as chat
+    parts."""
     if isinstance(content, str):
         return content
-    if len(content) == 1 and content[0].get("type") in ("input_text", "output_text"):
-        return content[0].get("text", "")
+    if content and all(part.get("type") in TEXT_PARTS for part in content):
+        return "\n".join(part.get("text", "") for part in content)
     parts: list[dict[str, Any]] = []
     for index, part in enumerate(content):
         kind = part.get("type")

@@ -122,14 +122,16 @@ def test_items_become_chat_messages():
     assert request.dropped == []
 
 
-def test_a_lone_text_part_is_a_string_and_a_lone_call_has_no_null_content():
+def test_text_parts_are_a_string_and_a_lone_call_has_no_null_content():
     """As chat clients send them: llama.cpp's server refuses a system message in parts and an
-    assistant message whose content is null (Codex CLI sends every message in parts)."""
+    assistant message whose content is null (Codex CLI sends every message in parts, and its
+    instructions as two); text parts are joined by newlines, as vLLM joins them."""
+    two = [{"type": "input_text", "text": "rules"}, {"type": "input_text", "text": "more rules"}]
     request = read(
         {
             "model": "m",
             "input": [
-                {"role": "developer", "content": [{"type": "input_text", "text": "rules"}]},
+                {"role": "developer", "content": two},
                 {"role": "user", "content": [{"type": "input_text", "text": "go"}]},
                 {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": "{}"},
                 {"type": "function_call_output", "call_id": "call_1", "output": "done"},
@@ -138,7 +140,7 @@ def test_a_lone_text_part_is_a_string_and_a_lone_call_has_no_null_content():
     )
     call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
     assert request.messages == [
-        {"role": "system", "content": "rules"},
+        {"role": "system", "content": "rules\nmore rules"},
         {"role": "user", "content": "go"},
         {"role": "assistant", "content": "", "tool_calls": [call]},
         {"role": "tool", "tool_call_id": "call_1", "content": "done"},
