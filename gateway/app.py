@@ -25,13 +25,14 @@ from gateway.chat import ChatPipeline
 from gateway.config.settings import Settings
 from gateway.core.errors import NotFound, Unauthorized
 from gateway.core.memory import return_large_blocks
+from gateway.core.options import ConfigError
 from gateway.dialects.dialect import Dialect
 from gateway.dialects.registry import DIALECTS
 from gateway.dialects.translator import DocumentFacts, Translator
 from gateway.http.call import Call
 from gateway.http.documents import DialectSpec, load_document
 from gateway.http.error_dialects import ErrorDialects
-from gateway.http.front_door import FrontDoor, Handler, connexion_view
+from gateway.http.front_door import HTTP_METHODS, FrontDoor, Handler, connexion_view
 from gateway.http.lifecycle import Lifecycle
 from gateway.policy.auth import KeyStore, Scheme, authenticate
 from gateway.probes.deployments import DeploymentProbes
@@ -218,7 +219,8 @@ def build_gateway(
     (and with it the front door, which compiles the documents' tables) when the ASGI server sends
     the lifespan startup, before the first request; the front door then attaches to `CurrentRuntime`."""
     lifecycle = lifecycle or Lifecycle()
-    mounted = [(DIALECTS[name], mount) for name, mount in settings.mounts.items() if mount is not None]
+    mounted = mounted_dialects(settings)
+    refuse_clashing_mounts(mounted)
     translators = {
         dialect.name: dialect.translator(facts_of(load_document(dialect.document), dialect.chat_operations))
         for dialect, _ in mounted
@@ -292,6 +294,26 @@ def build_gateway(
             dialect=dialect.name,
         )
     return Gateway(app, current, error_dialects)
+
+
+def mounted_dialects(settings: Settings) -> list[tuple[Dialect, str]]:
+    return [(DIALECTS[name], mount) for name, mount in settings.mounts.items() if mount is not None]
+
+
+def refuse_clashing_mounts(mounted: list[tuple[Dialect, str]]) -> None:
+    """Two dialects whose mounts put an operation on one method and path (Anthropic's at `/`
+    beside OpenAI's at `/v1`: both have GET /v1/models) are refused at start, naming both: else
+    one would answer for the other in silence."""
+    owner: dict[tuple[str, str], str] = {}
+    for dialect, mount in mounted:
+        for path, item in load_document(dialect.document)["paths"].items():
+            route = mount.rstrip("/") + path
+            for method in (m for m in item if m in HTTP_METHODS):
+                if (other := owner.setdefault((method, route), dialect.name)) != dialect.name:
+                    raise ConfigError(
+                        f"mounts: {method.upper()} {route} is an operation of both {other} and "
+                        f"{dialect.name}; mount one of them elsewhere"
+                    )
 
 
 def facts_of(document: dict[str, Any], chat_operations: tuple[str, ...]) -> DocumentFacts:

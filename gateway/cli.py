@@ -116,6 +116,12 @@ cli.add_typer(config_cli, name="config")
 def config_check(file: Annotated[Path, typer.Argument(help="The YAML config file to check.")]) -> None:
     """Validate a config file as `chatgate serve` would, without serving: exit 0 when it is usable."""
     settings = settings_or_fail(file)
+    from gateway.app import mounted_dialects, refuse_clashing_mounts
+
+    try:
+        refuse_clashing_mounts(mounted_dialects(settings))
+    except ConfigError as error:
+        fail(str(error))
     names = ", ".join(d.name for d in settings.deployments)
     typer.echo(
         f"{file}: ok ({len(settings.deployments)} deployment(s): {names}; {len(settings.keys)} key(s))"

@@ -65,6 +65,11 @@ MISTAKES: dict[str, tuple[dict | str | None, list[str], list[str]]] = {
         [],
         ["mounts", "openai", "ovms", "/api"],
     ),
+    "two dialects' operations on one path": (
+        {"mounts": {"anthropic": "/"}},  # Anthropic's GET /v1/models beside OpenAI's at /v1
+        [],
+        ["mounts", "GET /v1/models", "openai", "anthropic"],
+    ),
     "unknown key": ({"deployments": [{**ECHO, "colour": "red"}]}, [], ["deployments.0.colour"]),
     "environment variable not set": (
         {"rate_limits": {"store": "redis", "redis": {"url": "${CHATGATE_TEST_UNSET_URL}"}}},
