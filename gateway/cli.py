@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from gateway.config.settings import ConfigError, Key, Settings
 from gateway.config.source import load_settings, load_source
 from gateway.core.options import describe
+from gateway.tools.terminal import terminal_safe
 
 CONFIG_ENV = "CHATGATE_CONFIG"
 cli = typer.Typer(help="chatgate: a spec-driven chat-completions gateway.", no_args_is_help=True)
@@ -326,12 +327,12 @@ def conformance(
             budget=Budget(timeout, max_time, tuple(p.strip() for p in phases.split(",") if p.strip())),
             against=against,
             probe_features=probes,
-            progress=lambda line: typer.echo(line, err=True),  # a long run shows it goes on
+            progress=lambda line: typer.echo(terminal_safe(line), err=True),  # shows it goes on
         )
     except ConformanceUnavailable as error:
-        typer.echo(f"chatgate conformance: {error}", err=True)
+        typer.echo(terminal_safe(f"chatgate conformance: {error}"), err=True)
         raise typer.Exit(2) from None
-    typer.echo(render(report))
+    typer.echo(terminal_safe(render(report)))
     written = {report_file: lambda: orjson.dumps(report.as_json(), option=orjson.OPT_INDENT_2).decode()}
     written |= {junit_file: lambda: junit(report), html_file: lambda: html_page(report)}
     for path, text in written.items():
@@ -403,11 +404,11 @@ def probe(
         report = asyncio.run(run(target, probes))
     except ProbeUnavailable as error:
         hint = " (give a key with --key)" if error.status in (401, 403) and key is None else ""
-        fail(f"probe: {error}{hint}")
+        fail(terminal_safe(f"probe: {error}{hint}"))
     if json_output:
         typer.echo(orjson.dumps(report.as_json(), option=orjson.OPT_INDENT_2).decode())
     else:
-        typer.echo(report.render())
+        typer.echo(terminal_safe(report.render()))
 
 
 def url_problem(url: str) -> str | None:

@@ -15,6 +15,8 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.tools.terminal import xml_safe
+
 BODY_CHARS = 300
 CURL_BYTES = 1024
 # Reported, not failed, when a key is asked for or the server is open (the deployment's choice).
@@ -225,29 +227,30 @@ def render(report: Report, vendor: str) -> str:
 
 def junit(report: Report) -> str:
     """JUnit XML: one test case per feature and per operation; a failure per failing check."""
-    suite = ET.Element("testsuite", name=f"chatgate conformance {report.dialect} {report.url}")
+    suite = ET.Element("testsuite", name=xml_safe(f"chatgate conformance {report.dialect} {report.url}"))
     failures = 0
     for feature in report.features:
         case = ET.SubElement(suite, "testcase", classname="features", name=feature.name)
         if not feature.probed:
-            ET.SubElement(case, "skipped", message=feature.detail)
+            ET.SubElement(case, "skipped", message=xml_safe(feature.detail))
         elif feature.failed:
             failures += 1
             ET.SubElement(
-                case, "failure", message=f"{feature.verdict}: {feature.detail}"
-            ).text = feature.detail
+                case, "failure", message=xml_safe(f"{feature.verdict}: {feature.detail}")
+            ).text = xml_safe(feature.detail)
     for result in report.operations.values():
-        case = ET.SubElement(suite, "testcase", classname="operations", name=result.label)
+        case = ET.SubElement(suite, "testcase", classname="operations", name=xml_safe(result.label))
         for finding in result.findings.values():
             failures += 1
             text = f"{finding.message}\nHTTP {finding.status}: {finding.body}\n{finding.curl}"
             message = f"{finding.check} ({finding.count} failing): {finding.title}"
-            ET.SubElement(case, "failure", message=message, type=finding.check).text = text
+            failure = ET.SubElement(case, "failure", message=xml_safe(message), type=xml_safe(finding.check))
+            failure.text = xml_safe(text)
         for error in result.errors:
-            ET.SubElement(case, "error", message=error[:300]).text = error
+            ET.SubElement(case, "error", message=xml_safe(error[:300])).text = xml_safe(error)
     for error in report.errors:
         case = ET.SubElement(suite, "testcase", classname="run", name="run")
-        ET.SubElement(case, "error", message=error[:300]).text = error
+        ET.SubElement(case, "error", message=xml_safe(error[:300])).text = xml_safe(error)
     suite.set("tests", str(len(suite)))
     suite.set("failures", str(failures))
     suite.set("errors", str(len(report.all_errors)))
