@@ -166,7 +166,7 @@ def test_hosted_tools_are_named_not_offered(gateway_url: str):
     }  # fmt: skip
     answer = httpx.post(f"{gateway_url}/v1/responses", json=body, timeout=10)
     assert answer.status_code == 200, answer.text
-    assert answer.headers["x-chatgate-dropped-params"] == "tools:web_search, tools:namespace"
+    assert answer.headers["x-chatgate-dropped-params"] == "tools:namespace, tools:web_search"
     assert answer.json()["reasoning"] == {"effort": None, "summary": None}
 
 

@@ -74,7 +74,7 @@ READS = [
         },
         {
             "messages": [{"role": "system", "content": "One.\nTwo."}, *USER_MESSAGES],
-            "ignored": ["cache_control"],
+            "dropped": ["cache_control"],
         },
     ),
     ReadCase(
@@ -87,7 +87,7 @@ READS = [
         },
         {
             "messages": [*USER_MESSAGES, {"role": "system", "content": "Reminder."}],
-            "ignored": ["messages.output_config"],
+            "dropped": ["messages.output_config"],
         },
     ),
     ReadCase(
@@ -175,7 +175,7 @@ READS = [
                 {"role": "tool", "tool_call_id": "toolu_2", "content": "no such city"},
                 {"role": "user", "content": "And?"},
             ],
-            "ignored": ["cache_control"],
+            "dropped": ["cache_control"],
         },
     ),
     ReadCase(
@@ -199,7 +199,7 @@ READS = [
                 {"role": "assistant", "content": "Hello"},
                 {"role": "user", "content": "Again"},
             ],
-            "ignored": ["thinking blocks"],
+            "dropped": ["thinking blocks"],
         },
     ),
     ReadCase(
@@ -232,7 +232,7 @@ READS = [
     ReadCase(
         "server tools and defer_loading dropped, named",
         {"tools": [{**WEATHER_TOOL, "defer_loading": True}, SERVER_TOOL]},
-        {"tools": [WEATHER_FUNCTION], "ignored": ["tools.defer_loading", "tools.web_search"]},
+        {"tools": [WEATHER_FUNCTION], "dropped": ["tools.defer_loading", "tools.web_search"]},
     ),
     ReadCase(
         "metadata.user_id is the user",
@@ -252,7 +252,7 @@ READS = [
             "inference_geo": "us",
         },
         {
-            "ignored": [
+            "dropped": [
                 "cache_control",
                 "container",
                 "context_management",
