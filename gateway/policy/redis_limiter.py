@@ -17,6 +17,7 @@ import logging
 import math
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from gateway.policy.budgets import Account, Reservation
 
 log = logging.getLogger("chatgate.limits")
+OWED_MOST = 100_000  # budget usages kept for a store that is away; past it they go unrecorded
 READY_CHECK_SECONDS = 1.0
 READY_PING_TIMEOUT = 0.5
 PERIOD_ATTEMPTS = 3  # reservations asked for again when Redis's clock was in another budget period
@@ -195,6 +197,11 @@ class RedisLimiter:
         self.renewing: asyncio.Task[None] | None = None
         self.clock = clock
         self.offset = 0.0
+        # budget usage the store did not take while it was away (fail-open serves on), recorded
+        # once it answers again: a budget's account says what was spent, outage or not
+        self.owed: deque[tuple[Reservation, list[float]]] = deque()
+        self.owed_dropped = 0
+        self.paying: asyncio.Task[None] | None = None
 
     async def run(self, mode: str, buckets: list[Bucket], costs: list[int]) -> list[bytes] | None:
         """The take script's answer; None when the store cannot answer and the gateway fails open."""
@@ -230,6 +237,8 @@ class RedisLimiter:
                     raise
                 else:
                     self.breaker.succeeded()
+                    if self.owed and self.paying is None:
+                        self.paying = asyncio.get_running_loop().create_task(self.pay_owed())
                     return result
         finally:
             self.slots.release()
@@ -312,10 +321,49 @@ class RedisLimiter:
         return None
 
     async def settle(self, reservation: Reservation, used: list[float]) -> None:
-        """Best effort, like `charge` (a reservation it cannot release runs out with its lease)."""
+        """Never an error, like `charge`: what the store cannot take now is owed, and recorded
+        once it answers again (a reservation it cannot release runs out with its lease)."""
         self.leased.pop(reservation.id, None)
+        answered = None
         with contextlib.suppress(ServiceUnavailable):
-            await self.budget_call("settle", reservation, used)
+            answered = await self.budget_call("settle", reservation, used)
+        if answered is None and any(used):
+            self.owe(reservation, used)
+
+    def owe(self, reservation: Reservation, used: list[float]) -> None:
+        if len(self.owed) >= OWED_MOST:
+            self.owed_dropped += 1
+            if self.owed_dropped == 1:
+                log.error(
+                    "rate-limit store: %d usages are owed to it already; more are not recorded",
+                    OWED_MOST,
+                )
+            return
+        self.owed.append((reservation, used))
+
+    async def pay_owed(self) -> None:
+        """The usage owed since the store went away, recorded in order until it is all taken or
+        the store is away again (then the rest waits for its return)."""
+        paid = 0
+        try:
+            while self.owed:
+                reservation, used = self.owed[0]
+                answered = None
+                with contextlib.suppress(ServiceUnavailable):
+                    answered = await self.budget_call("settle", reservation, used)
+                if answered is None:
+                    break
+                self.owed.popleft()
+                paid += 1
+        finally:
+            self.paying = None
+            if paid:
+                dropped, self.owed_dropped = self.owed_dropped, 0
+                log.warning(
+                    "rate-limit store: recorded %d budget usages served while it was away%s",
+                    paid,
+                    f"; {dropped} more were not (over {OWED_MOST} owed)" if dropped else "",
+                )
 
     async def renew_leases(self) -> None:
         """Every third of a lease, one call renews the leases of every reservation this worker

@@ -82,3 +82,46 @@ def test_a_hung_store_costs_a_few_timeouts_and_ejects_nothing(gateway):
     assert ready_after.status_code == 200, ready_after.text
     log = process.output()
     assert log.count("rate-limit store") <= 2, log  # opened, closed: once each
+
+
+def spent_in(url: str) -> float:
+    """What the store's budget accounts say was spent, all of them together."""
+    import redis as redis_client
+
+    store = redis_client.Redis.from_url(url)
+    total = 0.0
+    for name in store.scan_iter("*"):
+        if store.type(name) == b"hash" and (spent := store.hget(name, "spent")) is not None:
+            total += float(spent)
+    return total
+
+
+def test_usage_served_while_the_store_was_away_is_recorded_once_it_is_back(redis, tmp_path: Path):
+    """fail-open serves on while Redis is paused; what those answers used of the key's budget is
+    recorded when Redis answers again, not lost."""
+    url, redis_process = redis
+    config = {
+        "keys": [{"name": "team", "sha256": KEY_SHA, "budgets": [{"tokens": 10_000_000, "per": "day"}]}],
+        "rate_limits": {
+            "store": "redis",
+            "redis": {"url": url, "on_error": "fail-open", "timeout": 0.25, "breaker": BREAKER},
+        },
+    }
+    with gateway_process(tmp_path, config) as process, httpx.Client(timeout=10) as client:
+        before = chat(client, process.url)
+        assert before.status_code == 200
+        per_answer = before.json()["usage"]["total_tokens"]
+        assert spent_in(url) == per_answer
+        redis_process.send_signal(signal.SIGSTOP)
+        try:
+            during = [chat(client, process.url).status_code for _ in range(20)]
+        finally:
+            redis_process.send_signal(signal.SIGCONT)
+        assert during == [200] * 20
+        time.sleep(BREAKER["reset_after"] + 0.5)
+        assert chat(client, process.url).status_code == 200  # the store answers: what is owed is paid
+        deadline = time.monotonic() + 10
+        while spent_in(url) < 22 * per_answer and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert spent_in(url) == 22 * per_answer
+        assert "budget usages served while it was away" in process.output()
