@@ -19,8 +19,10 @@ def served_document(url: str, document: dict[str, Any]) -> dict[str, Any] | None
     when it serves this one; None otherwise (a real upstream serves none)."""
     import httpx
 
+    from gateway.tools.bounded_http import DOCUMENT_BYTES, bounded
+
     try:
-        response = httpx.get(url.rstrip("/") + "/openapi.json", timeout=10)
+        response = bounded("GET", url.rstrip("/") + "/openapi.json", seconds=10, limit=DOCUMENT_BYTES)
         served = response.json() if response.status_code == 200 else None
     except (httpx.HTTPError, ValueError):
         return None
@@ -110,11 +112,13 @@ def asks_for_key(url: str, path: str | None, headers: dict[str, str], timeout: f
     """A chat request without a key is answered 401 or 403: the server asks for one."""
     import httpx
 
+    from gateway.tools.bounded_http import bounded
+
     if path is None:
         return False
     keyless = {k: v for k, v in headers.items() if k.lower() not in KEY_HEADERS}
     try:
-        answer = httpx.post(url.rstrip("/") + path, json={}, headers=keyless, timeout=timeout)
+        answer = bounded("POST", url.rstrip("/") + path, json={}, headers=keyless, seconds=timeout)
     except httpx.HTTPError:
         return False
     return answer.status_code in (401, 403)
@@ -126,14 +130,15 @@ def listed_model(url: str, headers: dict[str, str], timeout: float, dialect: str
     import httpx
 
     from gateway.probes.azure import API_VERSION
+    from gateway.tools.bounded_http import bounded
 
     try:
         if dialect == "azure":
             query = {"api-version": API_VERSION}
-            info = httpx.get(f"{url.rstrip('/')}/info", params=query, headers=headers, timeout=timeout)
+            info = bounded("GET", f"{url.rstrip('/')}/info", params=query, headers=headers, seconds=timeout)
             found = info.json()["model_name"]
         else:
-            listed = httpx.get(url.rstrip("/") + "/models", headers=headers, timeout=timeout).json()
+            listed = bounded("GET", url.rstrip("/") + "/models", headers=headers, seconds=timeout).json()
             found = listed["data"][0]["id"]
     except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
         return None
@@ -170,8 +175,10 @@ def dialect_of(url: str) -> str:
     each mount's); OpenAI's, which real upstreams speak, when it serves none of them."""
     import httpx
 
+    from gateway.tools.bounded_http import DOCUMENT_BYTES, bounded
+
     try:
-        response = httpx.get(url.rstrip("/") + "/openapi.json", timeout=10)
+        response = bounded("GET", url.rstrip("/") + "/openapi.json", seconds=10, limit=DOCUMENT_BYTES)
         served = response.json() if response.status_code == 200 else None
     except (httpx.HTTPError, ValueError):
         return "openai"
