@@ -3,6 +3,7 @@ huggingface_hub's exceptions by what they say about them, connections by what br
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,7 +19,7 @@ from huggingface_hub.errors import (
 )
 from huggingface_hub.errors import ValidationError as TGIValidationError
 
-from backends.http.status import CREDENTIALS, Answer, StatusTable, UpstreamFailure, status_error
+from backends.http.status import CREDENTIALS, Answer, StatusTable, UpstreamFailure, redacted, status_error
 from gateway.core.errors import (
     BadGateway,
     GatewayError,
@@ -102,6 +103,10 @@ def error_body(response: httpx2.Response) -> tuple[str, str | None]:
 
 def error_for_response(response: httpx2.Response) -> GatewayError:
     message, error_type = error_body(response)
+    # TGI or its proxy may quote the token it was sent: never relayed (a response made without
+    # its request, as tests make them, has no headers to redact)
+    with contextlib.suppress(RuntimeError):
+        message = redacted(message, response.request.headers.values())
     status = ERROR_TYPE_STATUS.get(error_type or "", response.status_code)
     return tgi_error(status, message, response.headers.get("retry-after"))
 
