@@ -148,3 +148,17 @@ def test_a_5xx_is_said_in_the_gateways_words_with_the_upstreams_request_id(table
 def test_a_4xx_message_is_relayed_made_safe(said: str, shown: str):
     error = status_error(UPSTREAM_STATUSES, UpstreamFailure(400, said))
     assert error.status == 400 and error.message == shown
+
+
+def test_a_token_tgi_quotes_is_not_relayed() -> None:
+    import httpx2
+
+    from backends.tgi.errors import error_for_response
+
+    sent = {"authorization": "Bearer tgi-secret-4711"}
+    request = httpx2.Request("POST", "http://tgi/generate", headers=sent)
+    said = {"error": "Input validation error: token tgi-secret-4711 may not set `top_n_tokens`"}
+    response = httpx2.Response(422, json=said, request=request)
+    error = error_for_response(response)
+    assert "tgi-secret-4711" not in error.message
+    assert "may not set" in error.message
