@@ -70,6 +70,8 @@ class WaitQueue:
     def make_room_for(self, key: str) -> None:
         """The newest place of the key holding the most, given up to `key` if that key holds
         more than one place beyond what `key` would; else QueueFull."""
+        if not self.by_key:  # a queue of no places (`queue: 0`)
+            raise QueueFull
         mine = len(self.by_key.get(key, ()))
         most, line = max(((len(line), line) for line in self.by_key.values()), key=lambda pair: pair[0])
         if most <= mine + 1:
