@@ -228,6 +228,19 @@ class ListModelsResponse(TypedDict):
     has_more: bool
 
 
+class SystemMessage(TypedDict):
+    role: Literal["system"]
+    content: str | list[RequestTextBlock]
+
+
+AssistantContentBlock: TypeAlias = (
+    RequestTextBlock
+    | RequestToolUseBlock
+    | RequestThinkingBlock
+    | RequestRedactedThinkingBlock
+)
+
+
 ImageSource: TypeAlias = Base64ImageSource | URLImageSource
 
 
@@ -255,6 +268,11 @@ class ErrorResponse(TypedDict):
     type: Literal["error"]
     error: Error
     request_id: str | None
+
+
+class AssistantMessage(TypedDict):
+    role: Literal["assistant"]
+    content: str | list[AssistantContentBlock]
 
 
 class RequestImageBlock(TypedDict):
@@ -307,13 +325,8 @@ class MessageStartEvent(TypedDict):
     message: Message
 
 
-InputContentBlock: TypeAlias = (
-    RequestTextBlock
-    | RequestImageBlock
-    | RequestToolUseBlock
-    | RequestToolResultBlock
-    | RequestThinkingBlock
-    | RequestRedactedThinkingBlock
+UserContentBlock: TypeAlias = (
+    RequestTextBlock | RequestImageBlock | RequestToolResultBlock
 )
 
 
@@ -328,9 +341,12 @@ MessageStreamEvent: TypeAlias = (
 )
 
 
-class InputMessage(TypedDict):
-    role: Literal["user", "assistant", "system"]
-    content: str | list[InputContentBlock]
+class UserMessage(TypedDict):
+    role: Literal["user"]
+    content: str | list[UserContentBlock]
+
+
+InputMessage: TypeAlias = UserMessage | AssistantMessage | SystemMessage
 
 
 class CreateMessageParams(TypedDict):

@@ -69,6 +69,10 @@ SAFE_ID = re.compile(r"[^A-Za-z0-9_-]")
 REQUIRED = re.compile(r'"([^"]+)" is a required property')
 
 
+# a message that begins with the field it is about (the media screen's): said as it is
+NAMES_ITS_FIELD = re.compile(r"^[\w.\[\]]+: ")
+
+
 class AnthropicSSE(NamedEventSSE):
     """Named events, kept alive with Anthropic's own `ping` event (the SDKs skip it)."""
 
@@ -318,7 +322,7 @@ class AnthropicTranslator:
         if isinstance(error, ModelNotFound):
             return NotFound(f"model: {error.model}", param="model")
         loc = error.loc if isinstance(error, BadRequest) else None
-        if loc and loc[0] == "body":
+        if loc and loc[0] == "body" and not NAMES_ITS_FIELD.match(error.message):
             message = error.message.removeprefix("Invalid request body: ")
             message = re.sub(r" at '[^']*'$", "", message)
             missing = REQUIRED.fullmatch(message)

@@ -50,7 +50,7 @@ def image_part(block: Mapping[str, Any]) -> dict[str, Any]:
 def refused_block(index: int, position: int, kind: str, role: str) -> BadRequest:
     where = f"messages.{index}.content.{position}.type"
     return BadRequest(
-        f"{where}: a '{kind}' block may not be in a '{role}' message.",
+        f"A '{kind}' block may not be in a '{role}' message.",
         param=where,
         loc=["body", "messages", index, "content", position, "type"],
         value=kind,
