@@ -594,19 +594,10 @@ class HostedTool(TypedDict):
     ]
 
 
-class ToolChoiceParam1(TypedDict):
+class AllowedTool(TypedDict):
     """
-    Whether and which tool the model must call.
+    One of the tools an `allowed_tools` choice lets the model call.
     """
-
-    type: str
-    name: NotRequired[str | None]
-    server_label: NotRequired[str]
-    mode: NotRequired[Literal["auto", "required"]]
-    tools: NotRequired[list[dict[str, Any]]]
-
-
-ToolChoiceParam: TypeAlias = Literal["none", "auto", "required"] | ToolChoiceParam1
 
 
 class TopLogprob(TypedDict):
@@ -960,6 +951,18 @@ class OutputTextContent(TypedDict):
 Tool: TypeAlias = FunctionTool | HostedTool
 
 
+class ToolChoiceObject(TypedDict):
+    """
+    A tool the model must call, or the tools it may (`allowed_tools`).
+    """
+
+    type: str
+    name: NotRequired[str | None]
+    server_label: NotRequired[str]
+    mode: NotRequired[Literal["auto", "required"]]
+    tools: NotRequired[list[AllowedTool]]
+
+
 OutputContent: TypeAlias = OutputTextContent | RefusalContent
 
 
@@ -1091,6 +1094,9 @@ class FunctionCallOutputItemParam(TypedDict):
     call_id: str
     output: str | list[InputContent]
     status: NotRequired[Literal["in_progress", "completed", "incomplete"] | None]
+
+
+ToolChoiceParam: TypeAlias = Literal["none", "auto", "required"] | ToolChoiceObject
 
 
 class OutputMessage(TypedDict):
@@ -1362,7 +1368,7 @@ class CreateResponse(TypedDict):
     ]
     include: NotRequired[list[IncludeEnum] | None]
     reasoning: NotRequired[Reasoning | None]
-    background: NotRequired[Literal[False] | None]
+    background: NotRequired[bool | None]
     conversation: NotRequired[None]
     prompt: NotRequired[dict[str, Any] | None]
     context_management: NotRequired[list[dict[str, Any]] | None]

@@ -107,7 +107,7 @@ def usage_body(usage: Usage) -> anthropic_doc.Usage:
         "inference_geo": None,
         "output_tokens_details": None,
         "server_tool_use": None,
-        "service_tier": None,
+        "service_tier": "standard",  # the one tier there is (a generated client reads no null enum)
     }
 
 

@@ -136,11 +136,13 @@ def upstream_with_gateway(name: str, model_dir: Path, workdir: Path) -> Iterator
         yield Upstream(name, server, gateway, log)
 
 
-def probed(gateway: str, timeout: float = 120) -> dict[str, Any]:
-    """Wait until the gateway's probes of its deployment are done; what they found."""
+def probed(gateway: str, timeout: float = 120, key: str | None = None) -> dict[str, Any]:
+    """Wait until the gateway's probes of its deployment are done; what they found (`key`: a
+    gateway with keys shows them only to a caller with one)."""
     ends = time.monotonic() + timeout
+    headers = {"authorization": f"Bearer {key}"} if key else {}
     while time.monotonic() < ends:
-        probes = httpx.get(f"{gateway}/ready", timeout=10).json().get("probes", {})
+        probes = httpx.get(f"{gateway}/ready", headers=headers, timeout=10).json().get("probes", {})
         if probes.get(DEPLOYMENT, {}).get("state") == "done":
             return probes[DEPLOYMENT]
         time.sleep(0.2)

@@ -164,7 +164,7 @@ def llama_cpp_gateway(model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
         }
         config = keyed_config(folder, deployment)
         with started_gateway(folder, config) as (_, url, log):
-            probed(url)
+            probed(url, key=KEY)
             yield Served("llama.cpp", url, log, DEPLOYMENT, Upstream("llama.cpp", server, url, log))
 
 

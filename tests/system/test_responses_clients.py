@@ -105,7 +105,7 @@ def llama_cpp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, R
             "capabilities": {"default_max_tokens": MAX_TOKENS},
         }
         with keyed_gateway(folder, deployment) as url:
-            probed(url)
+            probed(url, key=KEY)
             yield url, server
 
 

@@ -309,7 +309,7 @@ def usage(input_tokens: int | None = 0, output_tokens: int = 0) -> dict[str, Any
         "inference_geo": None,
         "output_tokens_details": None,
         "server_tool_use": None,
-        "service_tier": None,
+        "service_tier": "standard",
     }
 
 
