@@ -1255,7 +1255,7 @@ class TokenCountsBody(TypedDict):
     """
 
     model: NotRequired[str | None]
-    input: NotRequired[str | list[InputItem] | None]
+    input: NotRequired[str | list[InputItem]]
     previous_response_id: NotRequired[str | None]
     tools: NotRequired[list[Tool] | None]
     text: NotRequired[ResponseTextParam | None]

@@ -40,6 +40,7 @@ from gateway.tools.conformance_target import (
     served_document,
     with_served_security,
     without_chatgate_headers,
+    without_unserved,
 )
 from gateway.tools.vendor_specs import REFSPECS_HOW, VENDOR_DOCUMENTS, RefspecsError, VendorSpecs
 
@@ -395,10 +396,12 @@ def run(
     document = load_document(SPEC_FILES[dialect])
     served = served_document(url, document)
     excluded = []
+    not_served: list[str] = []
     if served is not None:
         document = with_served_security(document, served)
     else:
         document = without_chatgate_headers(document)
+        document, not_served = without_unserved(url, document, request_headers, budget.timeout)
         if not key and not asks_for_key(url, chat_path(dialect, document), request_headers, budget.timeout):
             excluded.append("ignored_auth")  # an open server: nothing to hold it to
             document = with_served_security(document, {})  # and no made-up keys sent
@@ -414,6 +417,7 @@ def run(
         key_sent=bool(key),
         against=against,
         model=model,
+        not_served=not_served,
     )
     say = progress or (lambda line: None)
     report.features_note = "not probed (--no-probes)"

@@ -101,6 +101,8 @@ class Report:
     features_note: str = ""  # why there is no feature matrix, when there is none
     seconds: float = 0.0
     stopped: str = ""  # why the fuzzing ended before its cases did (the time budget)
+    # the document's operations a server other than chatgate does not serve (404/405): not tested
+    not_served: list[str] = field(default_factory=list)
 
     def operation(self, label: str) -> OperationResult:
         return self.operations.setdefault(label, OperationResult(label))
@@ -154,6 +156,7 @@ class Report:
             },
             "errors": self.errors,
             "stopped": self.stopped,
+            "not_served": self.not_served,
         }
 
 
@@ -221,6 +224,8 @@ def render(report: Report, vendor: str) -> str:
         lines.append(f"  ERROR {textwrap.shorten(error, 300)}")
     if report.stopped:
         lines.append(f"  NOTE {report.stopped}")
+    for label in report.not_served:
+        lines.append(f"  NOTE not served, not tested: {label}")
     lines += ["", verdict_line(report)]
     return "\n".join(lines)
 

@@ -191,3 +191,43 @@ def dialect_of(url: str) -> str:
 
 class ProbeFailed(Exception):
     """A plain chat request failed: no feature can be told."""
+
+
+def without_unserved(
+    url: str, document: dict[str, Any], headers: dict[str, str], timeout: float
+) -> tuple[dict[str, Any], list[str]]:
+    """The document without the paths a server other than chatgate does not serve, and what
+    they were: each plain path is asked once (a POST with an empty body, or a GET), and one
+    answered 404 or 405 is not served, nor is any templated path beneath it (OpenAI's document
+    holds the Responses API, which not every OpenAI-compatible server has)."""
+    import httpx
+
+    from gateway.tools.bounded_http import bounded
+
+    unserved: dict[str, str] = {}
+    for path, item in document.get("paths", {}).items():
+        if "{" in path:
+            continue
+        method = "post" if "post" in item else "get"
+        try:
+            answer = bounded(method.upper(), url.rstrip("/") + path, json={} if method == "post" else None,
+                             headers=headers, seconds=timeout)  # fmt: skip
+        except httpx.HTTPError:
+            continue
+        if answer.status_code in (404, 405):
+            unserved[path] = f"{method.upper()} {path} (HTTP {answer.status_code})"
+    if not unserved:
+        return document, []
+    kept = {
+        path: item
+        for path, item in document["paths"].items()
+        if path not in unserved and not any(path.startswith(gone + "/") for gone in unserved)
+    }
+    said = [
+        f"{method.upper()} {path}"
+        for path, item in document["paths"].items()
+        if path not in kept
+        for method in item
+        if method in ("get", "post", "put", "delete", "patch")
+    ]
+    return {**document, "paths": kept}, said

@@ -45,8 +45,11 @@ def checks_of(report: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
 def no_false_alarms(result: subprocess.CompletedProcess, report: dict[str, Any]) -> None:
     for finding in report["findings"]:
         assert "x-request-id" not in finding["example"]["curl"].lower(), finding
-        # every valid chat request named the served model: none refused for naming another
-        assert finding["check"] != "positive_data_acceptance", finding
+        # every valid chat request named the served model: none refused for naming another (a
+        # Responses API operation a server answers its own way, LiteLLM's 400 for an unknown
+        # response id where the document says 404, is the server's own finding)
+        if not finding["operation"].startswith("POST /responses"):
+            assert finding["check"] != "positive_data_acceptance", finding
     assert "Traceback" not in result.stdout + result.stderr
 
 
