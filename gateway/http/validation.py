@@ -21,6 +21,7 @@ OPENAPI_ONLY_KEYWORDS = ("nullable", "example", "examples", "discriminator", "xm
 # vendor's 3.1 document does (OpenAI's); Draft 4 says it as a number that is a multiple of 1.
 INTEGERS_EXTENSION = "x-chatgate-integers"
 INTEGERS_2020_12 = "json-schema-2020-12"
+COMPONENTS_REF = "#/components/"
 
 
 def to_json_schema(schema: t.Any, integral: bool = False) -> t.Any:
@@ -151,8 +152,41 @@ def parse_and_validate(raw: bytes, validator: jsonschema_rs.Draft4Validator) -> 
     return body
 
 
+def reachable(schema: t.Any, components: t.Any) -> dict[str, dict[str, t.Any]]:
+    """The part of a document's `components` that `schema` reaches through `$ref`s.
+
+    A validator holds what it was compiled with: compiling every parameter and body with all of
+    a document's components kept tens of megabytes that nothing reads."""
+    found: dict[str, dict[str, t.Any]] = {}
+    pending = [schema]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, list):
+            pending.extend(node)
+            continue
+        if not isinstance(node, dict):
+            continue
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith(COMPONENTS_REF):
+            section, _, name = ref.removeprefix(COMPONENTS_REF).partition("/")
+            name = name.replace("~1", "/").replace("~0", "~")
+            target = components.get(section, {}).get(name) if isinstance(components, dict) else None
+            if target is not None and name not in found.setdefault(section, {}):
+                found[section][name] = target
+                pending.append(target)
+        pending.extend(node.values())
+        mapping = (
+            node.get("discriminator", {}).get("mapping")
+            if isinstance(node.get("discriminator"), dict)
+            else None
+        )
+        if isinstance(mapping, dict):  # `by_discriminator` turns each target into a `$ref`
+            pending.extend({"$ref": target} for target in mapping.values())
+    return found
+
+
 def compile_schema(schema: t.Any, components: t.Any = None) -> jsonschema_rs.Draft4Validator:
     converted = to_json_schema(schema)
-    if components is not None:
-        converted = {**converted, "components": to_json_schema(components)}
+    if components is not None and (used := reachable(schema, components)):
+        converted = {**converted, "components": to_json_schema(used)}
     return jsonschema_rs.Draft4Validator(converted, validate_formats=False)
