@@ -15,8 +15,10 @@ Each request also gets a request id (the client's, if it sent a safe one) and, b
 gateway's own endpoints (/health, /ready, /metrics: polled, not asked), a `RequestRecord`, which
 ends as metrics and one access-log line: a dialect's operation under its route, a document or the
 Swagger UI under theirs, a path nothing serves under the one route `unmatched` (never the path
-itself, which a client chooses: each would be a series of its own). A path nothing serves is
-answered with the way forward where the path tells it (gateway/http/unserved.py).
+itself, which a client chooses: each would be a series of its own), and a request the connection
+refused before routing (gateway/server/edge.py tells it through `ErrorDialects`) under `edge`. A
+path nothing serves is answered with the way forward where the path tells it
+(gateway/http/unserved.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The access log: one JSON line per chat request on stdout, naming the key, never showing it."""
+"""The access log: one JSON line per request on stdout, naming the key, never showing it (paths
+nothing serves: tests/integration/test_unserved_paths.py)."""
 
 from __future__ import annotations
 
