@@ -26,6 +26,7 @@ from gateway.config.settings import Settings
 from gateway.core.errors import NotFound, Unauthorized
 from gateway.core.memory import return_large_blocks
 from gateway.core.options import ConfigError
+from gateway.core.terminal import bounded
 from gateway.dialects.dialect import Dialect
 from gateway.dialects.registry import DIALECTS
 from gateway.dialects.translator import DocumentFacts, Translator
@@ -34,6 +35,7 @@ from gateway.http.documents import DialectSpec, load_document
 from gateway.http.error_dialects import ErrorDialects
 from gateway.http.front_door import HTTP_METHODS, FrontDoor, Handler, connexion_view
 from gateway.http.lifecycle import Lifecycle
+from gateway.http.unserved import PATH_SHOWN
 from gateway.policy.auth import KeyStore, Scheme, authenticate
 from gateway.probes.deployments import DeploymentProbes
 from gateway.runtime import Runtime
@@ -109,10 +111,11 @@ def gateway_endpoints(current: CurrentRuntime, lifecycle: Lifecycle) -> dict[str
 
 
 def not_found(fallback: Translator[Any]) -> ASGIApp:
-    """What lies behind everything: a path nothing answered (a Swagger UI file that is not there)."""
+    """What lies behind everything: a path nothing answered (a Swagger UI file that is not there;
+    the front door records it, and answers every other path nothing serves itself)."""
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        rendered = fallback.error(NotFound(f"Not found: {scope['path']}"), "")
+        rendered = fallback.error(NotFound(f"Not found: {bounded(scope['path'], PATH_SHOWN)}"), "")
         response = Response(rendered.json(), status_code=404, media_type=JSON, headers=rendered.headers)
         await response(scope, receive, send)
 

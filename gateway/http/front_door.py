@@ -11,8 +11,14 @@ It also serves each dialect's committed document (as this gateway runs it: its m
 `security` when it has no keys), and passes the Swagger UI's paths on to
 Connexion's own Swagger UI middleware behind it.
 
-Each dialect request also gets a request id (the client's, if it sent a safe one) and a
-`RequestRecord`, which ends as metrics and one access-log line.
+Each request also gets a request id (the client's, if it sent a safe one) and, but for the
+gateway's own endpoints (/health, /ready, /metrics: polled, not asked), a `RequestRecord`, which
+ends as metrics and one access-log line: a dialect's operation under its route, a document or the
+Swagger UI under theirs, a path nothing serves under the one route `unmatched` (never the path
+itself, which a client chooses: each would be a series of its own), and a request the connection
+refused before routing (gateway/server/edge.py tells it through `ErrorDialects`) under `edge`. A
+path nothing serves is answered with the way forward where the path tells it
+(gateway/http/unserved.py).
 """
 
 from __future__ import annotations
@@ -42,11 +48,13 @@ from gateway.core.errors import (
     error_for_status,
 )
 from gateway.core.ids import new_request_id
+from gateway.core.terminal import bounded
 from gateway.dialects.translator import Translator
 from gateway.http.call import Call
 from gateway.http.documents import resolve
 from gateway.http.error_dialects import ErrorDialects
 from gateway.http.served_documents import ServedBody, served_bodies
+from gateway.http.unserved import EDGE, PATH_SHOWN, UNMATCHED, Unserved, gateway_address
 from gateway.http.validation import compile_schema, parse_and_validate, read_body
 from gateway.policy.auth import ANONYMOUS, KeyStore, Scheme, authenticate, schemes_of
 from gateway.telemetry.access_log import AccessLog
@@ -156,6 +164,8 @@ class FrontDoor(SpecMiddleware):
         self.templated: list[tuple[re.Pattern[str], dict[str, Operation]]] = []
         self.documents: dict[str, ServedBody] = {}  # path → the document served there
         self.ui_prefixes: tuple[str, ...] = ()
+        self.unserved = Unserved()  # what a path nothing serves is told
+        error_dialects.edge_answered = self.edge_answered
         if on_built is not None:
             on_built(self)
 
@@ -205,6 +215,7 @@ class FrontDoor(SpecMiddleware):
                 )
         self.documents.update(served_bodies(document, mount, keys_enforced=self.key_store.enabled))
         self.ui_prefixes = (*self.ui_prefixes, mount + UI_PATH)
+        self.unserved.add(dialect, mount, document)
 
     def add_route(self, method: str, path: str, handler: Handler) -> None:
         """One of the gateway's own endpoints (/health …): public, unrecorded."""
@@ -288,31 +299,72 @@ class FrontDoor(SpecMiddleware):
         operation, path_params, methods = self.find(path, "GET" if method == "HEAD" else method)
         if operation is None or method == "HEAD":
             if method in ("GET", "HEAD") and (document := self.documents.get(path)) is not None:
-                await self.send_document(document, method, request_id, send)
+                seen = self.recorded(request_id, method, path, path)
+                try:
+                    await self.send_document(document, method, request_id, send)
+                    seen.status = 200
+                finally:
+                    self.finish(seen)
                 return
             if path.startswith(self.ui_prefixes):  # Connexion's Swagger UI, behind this layer
-                await self.swagger_ui(scope, receive, send, request_id)
+                ui = next(prefix for prefix in self.ui_prefixes if path.startswith(prefix))
+                seen = self.recorded(request_id, method, path, ui)
+                try:
+                    await self.swagger_ui(scope, receive, send, request_id, seen)
+                finally:
+                    if seen.status == 404:  # a file the UI does not have: a path nothing serves
+                        seen.route = UNMATCHED
+                    self.finish(seen)
                 return
-        record = None
+        record: RequestRecord | None = None
         if operation is not None and operation.dialect:
-            record = RequestRecord(request_id.decode(), method, path, dialect=operation.dialect)
+            record = RequestRecord(
+                request_id.decode(), method, path, dialect=operation.dialect, route=operation.route
+            )
             self.metrics.started()
             if self.tracing is not None:
                 record.span = self.tracing.server_span(
                     method, operation.route, scope["headers"], record.request_id
                 )
+        elif operation is None:  # a path nothing serves, or a method its path does not take
+            route = UNMATCHED if methods is None else next(iter(methods.values())).route
+            record = self.recorded(request_id, method, path, route)
         try:
             response = await self.answer(scope, receive, operation, path_params, methods, request_id, record)
             await response(scope, receive, self.with_request_id(send, request_id, record))
         finally:
             if record is not None:
-                seconds = time.perf_counter() - record.started
-                if not record.status:
-                    record.status = 499  # the client went away before an answer started
-                self.metrics.finished(record, seconds)
-                self.access_log.write(record, seconds)
-                if record.span is not None and self.tracing is not None:
-                    self.tracing.end_server_span(record.span, record)
+                self.finish(record)
+
+    def recorded(self, request_id: bytes, method: str, path: str, route: str) -> RequestRecord:
+        """The record of a request no dialect's operation answers, under a route label of the
+        gateway's choosing (bounded), in the dialect of the mount the path lies under."""
+        self.metrics.started()
+        return RequestRecord(
+            request_id.decode(), method, path, dialect=self.unserved.dialect_at(path), route=route
+        )
+
+    def finish(self, record: RequestRecord) -> None:
+        seconds = time.perf_counter() - record.started
+        if not record.status:
+            record.status = 499  # the client went away before an answer started
+        self.metrics.finished(record, seconds)
+        self.access_log.write(record, seconds)
+        if record.span is not None and self.tracing is not None:
+            self.tracing.end_server_span(record.span, record)
+
+    def edge_answered(self, path: str, error: GatewayError, status: int) -> None:
+        """A request the connection itself refused before it reached this layer (gateway/server/
+        edge.py: 400, 408, 413, 431, 503): recorded under the route `edge`."""
+        record = self.recorded(b"", "", path, EDGE)
+        record.status, record.error_code = status, error.code
+        self.finish(record)
+
+    def not_found(self, scope: Scope) -> NotFound:
+        """A path nothing serves: what this gateway serves instead, where the path tells."""
+        host = next((value for name, value in scope["headers"] if name == b"host"), None)
+        address = gateway_address(scope.get("scheme", "http"), host)
+        return NotFound(self.unserved.message(scope["path"], address))
 
     async def answer(
         self,
@@ -329,9 +381,9 @@ class FrontDoor(SpecMiddleware):
         try:
             if operation is None:
                 if methods is None:
-                    raise NotFound(f"Not found: {path}")
+                    raise self.not_found(scope)
                 raise MethodNotAllowed(
-                    f"Method {scope['method']} not allowed for {path}",
+                    f"Method {bounded(scope['method'], 20)} not allowed for {bounded(path, PATH_SHOWN)}",
                     headers={"Allow": ", ".join(sorted(methods))},
                 )
             headers = headers_of(scope)
@@ -376,15 +428,17 @@ class FrontDoor(SpecMiddleware):
                 translator or self.error_dialects.translator_for(path), failure, request_id, record
             )
 
-    async def swagger_ui(self, scope: Scope, receive: Receive, send: Send, request_id: bytes) -> None:
+    async def swagger_ui(
+        self, scope: Scope, receive: Receive, send: Send, request_id: bytes, record: RequestRecord
+    ) -> None:
         """Connexion's Swagger UI: its page and the files it loads. A file it does not have (its
         static files raise Starlette's HTTPException, which nothing behind this layer catches)
         and its own template are answered as the dialect answers a path nothing serves."""
         path: str = scope["path"]
         translator = self.error_dialects.translator_for(path)
-        with_id = self.with_request_id(send, request_id, None)
+        with_id = self.with_request_id(send, request_id, record)
         if path.endswith(UI_HIDDEN_SUFFIXES):
-            await self.error_response(translator, NotFound(f"Not found: {path}"), request_id, None)(
+            await self.error_response(translator, self.not_found(scope), request_id, record)(
                 scope, receive, with_id
             )
             return
@@ -400,9 +454,12 @@ class FrontDoor(SpecMiddleware):
         except StarletteHTTPException as error:
             if started:
                 raise
-            why = f"Not found: {path}" if error.status_code == 404 else str(error.detail)
-            failure = error_for_status(error.status_code, why)
-            await self.error_response(translator, failure, request_id, None)(scope, receive, with_id)
+            failure = (
+                self.not_found(scope)
+                if error.status_code == 404
+                else error_for_status(error.status_code, str(error.detail))
+            )
+            await self.error_response(translator, failure, request_id, record)(scope, receive, with_id)
 
     @staticmethod
     def error_response(

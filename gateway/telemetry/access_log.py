@@ -1,7 +1,10 @@
-"""One JSON line per chat request on stdout (`chatgate serve`; `--no-access-log` turns it off),
-written by a thread of its own (gateway/telemetry/log_sink.py): a stalled reader drops lines, not requests.
+"""One JSON line per request on stdout, but for the gateway's own /health, /ready and /metrics
+(`chatgate serve`; `--no-access-log` turns it off), written by a thread of its own
+(gateway/telemetry/log_sink.py): a stalled reader drops lines, not requests.
 
-No message content, never a key: the caller appears by its key's configured name. Written
+No message content, never a key: the caller appears by its key's configured name. The path is
+the client's: no query string (where some clients put keys), and, where it is not the route's
+own, cut to a bound and with control characters escaped (a log is read in terminals). Written
 straight to the stream, not through `logging`: a LogRecord per request measured about 60 µs,
 an eighth of a proxied request's CPU.
 """
@@ -13,8 +16,11 @@ from typing import TextIO
 
 import orjson
 
+from gateway.core.terminal import bounded
 from gateway.telemetry.log_sink import CAPACITY, LineSink
 from gateway.telemetry.record import RequestRecord
+
+PATH_LOGGED = 300  # characters of a path a line holds
 
 
 class AccessLog:
@@ -32,8 +38,9 @@ class AccessLog:
             "ts": round(time.time(), 3),
             "request_id": trace.request_id,
             "method": trace.method,
-            "path": trace.path,
-            "dialect": trace.dialect,
+            "path": trace.path if trace.path == trace.route else bounded(trace.path, PATH_LOGGED),
+            "route": trace.route,
+            "dialect": trace.dialect or None,
             "deployment": trace.deployment,
             "replica": trace.replica,
             "key": trace.key,

@@ -60,8 +60,10 @@ class Family:
 
 
 REQUESTS = Family(
-    "chatgate_requests", "Chat API requests answered, by dialect, deployment, key and status.",
-    ("dialect", "deployment", "key", "status"), "counter",
+    "chatgate_requests",
+    "Requests answered, by dialect, deployment, key, route (the operation's path as mounted; "
+    "`unmatched` for a path nothing serves) and status.",
+    ("dialect", "deployment", "key", "route", "status"), "counter",
 )  # fmt: skip
 ERRORS = Family(
     "chatgate_request_errors",
@@ -155,10 +157,10 @@ class Metrics:
     def finished(self, trace: RequestRecord, seconds: float) -> None:
         add = self.add
         add(IN_FLIGHT, (), -1)
-        dialect = trace.dialect
+        dialect = trace.dialect or "none"
         deployment = trace.deployment or "none"
         key = trace.key or "none"
-        add(REQUESTS, (dialect, deployment, key, str(trace.status)))
+        add(REQUESTS, (dialect, deployment, key, trace.route or "none", str(trace.status)))
         if trace.error_code:
             add(ERRORS, (dialect, deployment, trace.error_code))
         self.observe(DURATION, (dialect, deployment), seconds)

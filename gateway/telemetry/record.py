@@ -16,7 +16,8 @@ class RequestRecord:
     method: str
     path: str
     started: float = field(default_factory=time.perf_counter)
-    dialect: str = ""
+    dialect: str = ""  # "" off every mount
+    route: str = ""  # the operation's path as its document mounts it, or "unmatched": never the path
     deployment: str = ""
     replica: str = ""
     key: str = ""

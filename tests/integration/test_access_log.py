@@ -1,4 +1,5 @@
-"""The access log: one JSON line per chat request on stdout, naming the key, never showing it."""
+"""The access log: one JSON line per request on stdout, naming the key, never showing it (paths
+nothing serves: tests/integration/test_unserved_paths.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from gateway.policy.auth import new_key
 from tests.support.servers import running_gateway
 
 FIELDS = {
-    "ts", "request_id", "method", "path", "dialect", "deployment", "replica", "key", "status",
+    "ts", "request_id", "method", "path", "route", "dialect", "deployment", "replica", "key", "status",
     "latency_ms", "ttft_ms", "stream", "prompt_tokens", "completion_tokens", "cost", "retries", "error",
     "upstream_request_id", "sent_request_id",
 }  # fmt: skip

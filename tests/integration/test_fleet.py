@@ -425,7 +425,8 @@ def test_a_client_that_goes_away_before_the_answer_cancels_the_upstream_request(
     time.sleep(0.1)
     values = metrics(gateway)
     assert values[key] == before + 1
-    labels = f'deployment="stall",dialect="{dialect}",key="anonymous",status="499"'
+    route = URLS[dialect].partition("?")[0]
+    labels = f'deployment="stall",dialect="{dialect}",key="anonymous",route="{route}",status="499"'
     assert values[f"chatgate_requests_total{{{labels}}}"] >= 1
 
 

@@ -29,12 +29,20 @@ MIX = (
     + [("/v1/chat/completions", {"model": "counted", "messages": [{"role": "user", "content": "a"}],
                                   "surprise": 1}, 400)] * 3
 )  # fmt: skip
+CHAT = "/v1/chat/completions"
+
+
+def series(deployment: str, dialect: str, key: str, route: str, status: int) -> str:
+    labels = f'deployment="{deployment}",dialect="{dialect}",key="{key}",route="{route}",status="{status}"'
+    return f"chatgate_requests_total{{{labels}}}"
+
+
 EXPECTED = {
-    'chatgate_requests_total{deployment="counted",dialect="openai",key="anonymous",status="200"}': 10,
-    'chatgate_requests_total{deployment="other",dialect="azure",key="anonymous",status="200"}': 4,
-    'chatgate_requests_total{deployment="none",dialect="openai",key="anonymous",status="404"}': 2,
-    'chatgate_requests_total{deployment="none",dialect="openai",key="none",status="400"}': 5,
-    'chatgate_requests_total{deployment="counted",dialect="openai",key="anonymous",status="400"}': 3,
+    series("counted", "openai", "anonymous", CHAT, 200): 10,
+    series("other", "azure", "anonymous", "/azure/chat/completions", 200): 4,
+    series("none", "openai", "anonymous", CHAT, 404): 2,
+    series("none", "openai", "none", CHAT, 400): 5,
+    series("counted", "openai", "anonymous", CHAT, 400): 3,
 }
 
 
@@ -115,7 +123,7 @@ def test_the_plain_numbers_show_what_prometheus_clients_metrics_show():
         name, healthy = "r0", False
 
     def record(status: int, deployment: str | None, **fields) -> RequestRecord:
-        found = RequestRecord("id", "POST", "/v1/chat/completions", dialect="openai")
+        found = RequestRecord("id", "POST", "/v1/chat/completions", dialect="openai", route="/v1/c")
         found.status, found.deployment = status, deployment
         for name, value in fields.items():
             setattr(found, name, value)
@@ -144,6 +152,6 @@ def test_the_plain_numbers_show_what_prometheus_clients_metrics_show():
 
     shown = samples(plain.exposition())
     assert shown == samples(generate_latest(shared.registry))
-    assert 'chatgate_requests_total{deployment="a",dialect="openai",key="none",status="200"} 6.0' in shown
+    assert f"{series('a', 'openai', 'none', '/v1/c', 200)} 6.0" in shown
     assert 'chatgate_request_duration_seconds_bucket{deployment="a",dialect="openai",le="0.005"} 4.0' in shown
     assert "chatgate_requests_in_flight 1.0" in shown
