@@ -64,25 +64,30 @@ def declared(schema: Any, resolve: Resolve, path: tuple[int, ...] = ()) -> Defau
     if not isinstance(node, Mapping) or id(node) in path:  # a schema that holds itself: once
         return None
     path = (*path, id(node))
+
+    def each(kinds: tuple[str, ...]) -> list[Default]:
+        return [
+            found
+            for kind in kinds
+            for part in node.get(kind, ())
+            if (found := declared(part, resolve, path)) is not None
+        ]
+
+    parts, branches = each(("allOf",)), each(("anyOf", "oneOf"))
     value = node.get("default", NO_DEFAULT)
-    members: dict[str, Default] = {}
-    for part in (node, *(resolve(p) for p in node.get("allOf", ()))):
-        for name, member in (part.get("properties") or {}).items() if isinstance(part, Mapping) else ():
-            if (found := declared(member, resolve, path)) is not None:
-                members[name] = found
-    branches = [
-        found
-        for kind in ("anyOf", "oneOf")
-        for branch in node.get(kind, ())
-        if (found := declared(branch, resolve, path)) is not None
-    ]
-    if value is NO_DEFAULT:
-        values = [b.value for b in branches if b.value is not NO_DEFAULT]
+    if value is NO_DEFAULT:  # an allOf part's, else the one the branches that declare one agree on
+        values = [p.value for p in parts if p.value is not NO_DEFAULT]
+        if not values:
+            values = [b.value for b in branches if b.value is not NO_DEFAULT]
         if values and all(same_json(v, values[0]) for v in values):
             value = values[0]
+    members: dict[str, Default] = {}
+    for name, member in (node.get("properties") or {}).items():
+        if (found := declared(member, resolve, path)) is not None:
+            members[name] = found
     conflicting: set[str] = set()
-    for branch in branches:  # a member the branches declare alike; one they differ on: none
-        for name, member in branch.members.items():
+    for part in (*parts, *branches):  # a member they declare alike; one they differ on: none
+        for name, member in part.members.items():
             if members.setdefault(name, member) != member:
                 conflicting.add(name)
     for name in conflicting:

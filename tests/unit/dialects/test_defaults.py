@@ -47,6 +47,9 @@ def test_same_json_tells_booleans_from_numbers():
 def test_a_default_is_read_through_refs_all_of_and_agreeing_branches():
     assert read({"$ref": "#/components/schemas/Effort"}) == Default("medium")
     assert read({"allOf": [{"$ref": "#/components/schemas/Effort"}], "default": "low"}) == Default("low")
+    assert read({"allOf": [{"$ref": "#/components/schemas/Effort"}], "nullable": True}) == Default("medium")
+    wrapped = read({"allOf": [{"allOf": [{"$ref": "#/components/schemas/Options"}]}]})
+    assert wrapped is not None and set(wrapped.members) == {"include_usage", "level"}
     nullable = read({"anyOf": [{"$ref": "#/components/schemas/Effort"}, {"type": "null"}]})
     assert nullable is not None and nullable.value == "medium"
     disagreeing = read({"oneOf": [{"type": "string", "default": "a"}, {"type": "string", "default": "b"}]})
