@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from gateway.core.canonical import ChatRequest, EventStream
 from gateway.core.errors import UnprocessableContent
+from gateway.core.parameters import requested, unasked
 
 Transform = Callable[[Any], Any]
 
@@ -92,6 +93,31 @@ def mapped(table: Mapping[str, Param], values: Mapping[str, Any]) -> dict[str, A
         if param.target is not None and converted is not None:
             sent[param.target] = converted
     return sent
+
+
+def takes(param: Param | None, value: Any) -> bool:
+    """Whether a table's entry takes this value: supported, and a number within its range."""
+    if param is None or not param.supported:
+        return False
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return True
+    low, high = param.minimum, param.maximum
+    return (low is None or value >= low) and (high is None or value <= high)
+
+
+def taken_or_asked(
+    table: Mapping[str, Param], values: Mapping[str, Any], quiet: frozenset[str]
+) -> dict[str, Any]:
+    """`values` less those that ask for nothing (`quiet`: gateway.core.parameters.unasked) which
+    the table cannot take: left out as if the client had not sent them. The rest go to `mapped`
+    (temperature 1 sent is sent on)."""
+    return {k: v for k, v in values.items() if k not in quiet or takes(table.get(k), v)}
+
+
+def to_send(table: Mapping[str, Param], request: ChatRequest) -> dict[str, Any]:
+    """The requested parameters a backend with this table maps (`mapped`)."""
+    values = requested(request)
+    return taken_or_asked(table, values, unasked(request, values))
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,7 +30,7 @@ from urllib.parse import unquote, urlsplit
 import orjson
 from pydantic import ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from backends.base import Capabilities, Param, mapped, same_names
+from backends.base import Capabilities, Param, mapped, same_names, to_send
 from backends.http.bodies import content_text, error_message, snippet
 from backends.http.client import (
     ConnectFailed,
@@ -88,7 +88,7 @@ from gateway.core.errors import (
     UpstreamUnreachable,
 )
 from gateway.core.options import from_file
-from gateway.core.parameters import passed_on, requested
+from gateway.core.parameters import passed_on
 
 log = logging.getLogger("chatgate.backends.openai_compatible")
 
@@ -349,8 +349,8 @@ class OpenAICompatibleBackend:
             body["stream"] = True
             if self.options.stream_usage:
                 body["stream_options"] = {"include_usage": True}  # so usage is always known
-        body.update(mapped(self.capabilities.parameters, requested(request)))
         table = self.capabilities.parameters
+        body.update(mapped(table, to_send(table, request)))
         body.update(mapped(table, passed_on(request, table)))
         body.update(request.extra)
         return body

@@ -321,4 +321,4 @@ def refuse_clashing_mounts(mounted: list[tuple[Dialect, str]]) -> None:
 
 def facts_of(document: dict[str, Any], chat_operations: tuple[str, ...]) -> DocumentFacts:
     spec = DialectSpec(document, frozenset(chat_operations))
-    return DocumentFacts(spec.chat_fields, spec.unsupported, spec.rules)
+    return DocumentFacts(spec.chat_fields, spec.unsupported, spec.rules, spec.defaults)

@@ -12,10 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from backends.base import Param, mapped, taken, unsupported
+from backends.base import Param, mapped, taken, to_send, unsupported
 from gateway.core.canonical import ChatRequest
 from gateway.core.errors import UnprocessableContent
-from gateway.core.parameters import GENERATION_OPTIONS, requested
+from gateway.core.parameters import GENERATION_OPTIONS
 
 MAX_N = 16
 MAX_TOP_LOGPROBS = 20
@@ -185,7 +185,7 @@ def sampling_for(
             "response_format",
             request.response_format,
         )
-    values = {**options_in_extra(table, request.extra), **requested(request)}
+    values = {**options_in_extra(table, request.extra), **to_send(table, request)}
     for name, value in values.items():
         if name in table:
             check_range(name, value, table[name])

@@ -13,10 +13,11 @@ from typing import Any, Literal
 
 import orjson
 
+from backends.base import taken_or_asked
 from backends.tgi.tables import RouteTables, grammar_for
 from gateway.core.canonical import ChatRequest
 from gateway.core.errors import UnprocessableContent
-from gateway.core.parameters import requested
+from gateway.core.parameters import requested, unasked
 
 
 def tgi_content(content: Any) -> str | list[dict[str, Any]]:
@@ -101,11 +102,12 @@ def refuse(message: str, name: str, value: Any) -> UnprocessableContent:
 def plan_request(request: ChatRequest, tables: RouteTables) -> Plan:
     """Route and shape one request; the policy layer has already refused what the table lacks."""
     generate_only = tables.generate_only
+    asked = requested(request)
     # a generate-only parameter may come as an extra parameter too (OpenAI's clients have no top_k)
-    values = {
-        **{k: v for k, v in request.extra.items() if k in generate_only},
-        **requested(request),
-    }
+    values = {**{k: v for k, v in request.extra.items() if k in generate_only}, **asked}
+    # a parameter set to what asks for nothing (its document's default) picks no route, and
+    # goes only where the route's table takes it
+    quiet = unasked(request, asked)
     uses_tools = "tools" in values and request.tool_choice != "none"
     if not uses_tools:  # tool_choice "none": TGI is sent no tools at all
         values.pop("tools", None)
@@ -119,7 +121,7 @@ def plan_request(request: ChatRequest, tables: RouteTables) -> Plan:
     knobs = {
         name: values[name]
         for name in generate_only
-        if name in values and tables.generate[name].converted(values[name]) is not None
+        if name in values and name not in quiet and tables.generate[name].converted(values[name]) is not None
     }
     extra = {k: v for k, v in request.extra.items() if k not in generate_only}
     mode = tables.use_messages_api
@@ -132,6 +134,7 @@ def plan_request(request: ChatRequest, tables: RouteTables) -> Plan:
                 name, knobs[name],
             )  # fmt: skip
         # what is left of the generate-only parameters means "off"
+        values = taken_or_asked(tables.messages, values, quiet)
         values = {k: v for k, v in values.items() if k not in generate_only}
         return Plan("messages", tgi_messages(request.messages), values, extra_body=extra)
     because = next(iter(knobs), "use_messages_api: false")
@@ -152,4 +155,5 @@ def plan_request(request: ChatRequest, tables: RouteTables) -> Plan:
             f"'{name}' cannot be passed to TGI's generate API, which this request needs for '{because}'.",
             name, extra[name],
         )  # fmt: skip
+    values = taken_or_asked(tables.generate, values, quiet)
     return Plan("generate", tgi_messages(request.messages), values, knobs)

@@ -46,6 +46,10 @@ class ChatRequest:
     user: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    # The parameters (canonical names) the body set only to its document's declared defaults:
+    # they ask for nothing, so no capability check refuses them (gateway/core/parameters.py,
+    # `unasked`), and a backend that takes them is still sent them.
+    defaulted: frozenset[str] = frozenset()
     deployment: str | None = None
     trace: Trace = field(default_factory=Trace)  # ids sent upstream, and the upstream's
     # The prompt's size as admission counted it (the deployment's tokenizer, else the

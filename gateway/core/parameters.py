@@ -27,15 +27,30 @@ class Parameter:
     # informational, yet a backend whose table has it gets it (openai-compatible forwards it):
     # never dropped in silence where it could go on
     passed_on: bool = False
+    # values that ask for nothing, which a backend without the feature honours by doing nothing
+    # (reasoning_effort "none": no reasoning); never refused, sent where the backend takes it
+    asks_nothing: tuple[Any, ...] = ()
 
 
 def field(name: str, *spellings: str, handled: str = "", generates: bool = True) -> Parameter:
     return Parameter(name, spellings, field=True, generates=generates and not handled, handled=handled)
 
 
-def option(name: str, *, generates: bool = True, handled: str = "", passed_on: bool = False) -> Parameter:
+def option(
+    name: str,
+    *,
+    generates: bool = True,
+    handled: str = "",
+    passed_on: bool = False,
+    asks_nothing: tuple[Any, ...] = (),
+) -> Parameter:
     return Parameter(
-        name, field=False, generates=generates and not handled, handled=handled, passed_on=passed_on
+        name,
+        field=False,
+        generates=generates and not handled,
+        handled=handled,
+        passed_on=passed_on,
+        asks_nothing=asks_nothing,
     )
 
 
@@ -90,7 +105,7 @@ CATALOGUE: tuple[Parameter, ...] = (
     option("modalities"),
     option("audio"),
     option("prediction"),
-    option("reasoning_effort"),
+    option("reasoning_effort", asks_nothing=("none",)),  # "none": no reasoning, which any model can do
     # OpenAI's current document (openapi 2.3.0): they change the answer, so a backend takes them or 422
     option("verbosity"),
     option("web_search_options"),
@@ -149,6 +164,20 @@ def requested(request: ChatRequest) -> dict[str, Any]:
     }
     asked.update({k: v for k, v in request.options.items() if k in GENERATION_OPTIONS})
     return {k: v for k, v in asked.items() if v is not None}
+
+
+def unasked(request: ChatRequest, values: Mapping[str, Any]) -> frozenset[str]:
+    """Of these requested parameters (`requested`), those that ask for nothing: set only to their
+    document's declared default (the translator's `defaulted`), or to a value that asks for
+    nothing (`asks_nothing`). A capability check refuses none of them; a backend sends them
+    where its table takes them and leaves them out where it does not."""
+    quiet = {
+        name
+        for name, value in values.items()
+        if (parameter := BY_NAME.get(name)) is not None
+        and any(type(value) is type(nothing) and value == nothing for nothing in parameter.asks_nothing)
+    }
+    return request.defaulted.intersection(values).union(quiet)
 
 
 def passed_on(request: ChatRequest, table: Mapping[str, Any]) -> dict[str, Any]:

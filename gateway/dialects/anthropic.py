@@ -35,6 +35,7 @@ from gateway.core.errors import (
 )
 from gateway.core.token_count import estimate
 from gateway.dialects.anthropic_read import read_messages, tool_text
+from gateway.dialects.defaults import defaulted
 from gateway.dialects.dialect import Dialect, Handler, ModelDirectory, OperationCall
 from gateway.dialects.framing import NamedEventSSE
 from gateway.dialects.translator import JSON, Answer, DocumentFacts, RenderedError, Translator
@@ -63,6 +64,17 @@ ERROR_TYPES: dict[int, str] = {
     503: "overloaded_error",
     504: "timeout_error",
     529: "overloaded_error",
+}
+# the body's fields read as canonical parameters → their canonical names (for the document's
+# declared defaults, gateway/dialects/defaults.py)
+PARAMETERS = {
+    "max_tokens": "max_tokens",
+    "stop_sequences": "stop",
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "tools": "tools",
+    "tool_choice": "tool_choice",
 }
 OVERLOADED = 529  # Anthropic's status for "try again soon" (the gateway's 503)
 SAFE_ID = re.compile(r"[^A-Za-z0-9_-]")
@@ -180,6 +192,7 @@ class AnthropicTranslator:
             user=metadata.get("user_id"),
             options=options,
             extra=extra,
+            defaulted=defaulted(self.facts.defaults, body, PARAMETERS),
             dropped=sorted(dropped),
         )
 

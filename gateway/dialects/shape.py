@@ -31,7 +31,8 @@ from gateway.core.canonical import (
     Usage,
 )
 from gateway.core.errors import BadRequest, GatewayError
-from gateway.core.parameters import BY_SPELLING
+from gateway.core.parameters import BY_SPELLING, canonical_name
+from gateway.dialects.defaults import defaulted
 from gateway.dialects.framing import SSE, Framing
 from gateway.dialects.rules import first_breach
 from gateway.dialects.translator import Answer, DocumentFacts, RenderedError
@@ -123,6 +124,8 @@ class OpenAIShaped(Generic[RequestT, CompletionT, ChunkT, StreamChoiceT, ErrorT]
 
     def __init__(self, facts: DocumentFacts) -> None:
         self.facts = facts
+        # each field that carries a parameter → the parameter's canonical name
+        self.canonical_names = {name: canonical_name(name) for name in facts.fields}
 
     def new_stream_state(self) -> StreamState[ChunkT]:
         return StreamState()
@@ -149,6 +152,8 @@ class OpenAIShaped(Generic[RequestT, CompletionT, ChunkT, StreamChoiceT, ErrorT]
             elif value is not None:  # an option sent as null is not set
                 options[name if parameter is None else parameter.name] = value
         request = self.canonical(known, options, extra)
+        if self.facts.defaults:
+            request.defaulted = defaulted(self.facts.defaults, screened, self.canonical_names)
         self.check(request)
         return request
 

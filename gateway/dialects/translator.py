@@ -20,6 +20,7 @@ import orjson
 
 from gateway.core.canonical import ChatRequest, Completion, Event
 from gateway.core.errors import GatewayError
+from gateway.dialects.defaults import Default
 from gateway.dialects.framing import Framing
 from gateway.dialects.rules import Rule
 
@@ -33,6 +34,8 @@ class DocumentFacts:
     fields: frozenset[str]  # the parameters a chat body may hold
     unsupported: Mapping[str, str] = field(default_factory=dict)  # name → "ignored" | "rejected"
     rules: tuple[Rule, ...] = ()  # the document's `x-chatgate-rules` (gateway/dialects/rules.py)
+    # the fields that declare a default, themselves or in their members (gateway/dialects/defaults.py)
+    defaults: Mapping[str, Default] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

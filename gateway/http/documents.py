@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from gateway.dialects.defaults import Default, field_defaults
 from gateway.dialects.rules import Rule, read_rules
 
 
@@ -98,6 +99,11 @@ class DialectSpec:
             for name, schema in self.chat_properties.items()
             if "x-chatgate-unsupported" in self.resolve(schema)
         }
+
+    @cached_property
+    def defaults(self) -> dict[str, Default]:
+        """The chat body's fields that declare a default, themselves or in their members."""
+        return field_defaults(self.chat_properties, self.resolve)
 
     @cached_property
     def rules(self) -> tuple[Rule, ...]:

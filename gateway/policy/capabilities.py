@@ -11,7 +11,7 @@ from typing import Any
 from backends.base import Capabilities
 from gateway.core.canonical import ChatRequest
 from gateway.core.errors import BadRequest, NotFound, UnprocessableContent
-from gateway.core.parameters import requested
+from gateway.core.parameters import requested, unasked
 
 MODALITY_MESSAGE = (
     "Modality not supported by the model. Check the documentation of the model to see which "
@@ -80,7 +80,11 @@ def check(request: ChatRequest, capabilities: Capabilities, prompt_tokens: int) 
     custom = [tool for tool in request.tools if tool.get("type", "function") != "function"]
     if custom:  # no backend's events carry a custom tool's call: refused, never answered without
         raise unsupported("tools", custom, "Custom tools are not supported by this model")
-    for name, value in requested(request).items():
+    values = requested(request)
+    quiet = unasked(request, values)  # a document's default, reasoning_effort "none": never refused
+    for name, value in values.items():
+        if name in quiet:
+            continue
         param = capabilities.parameters.get(name)
         if param is None or not param.supported:
             raise unsupported(name, value, "The model does not support this parameter")

@@ -43,7 +43,7 @@ def wait_until_healthy(url: str, process: subprocess.Popen, log: Path, timeout: 
 
 @contextmanager
 def started_gateway(
-    log_dir: Path, config: Path | None = None, *args: str
+    log_dir: Path, config: Path | None = None, *args: str, healthy_within: float = 30
 ) -> Iterator[tuple[subprocess.Popen, str, Path]]:
     """A `chatgate serve` process, healthy: (the process, its base URL, its log)."""
     port = free_port()
@@ -57,7 +57,7 @@ def started_gateway(
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_until_healthy(url, process, log)
+        wait_until_healthy(url, process, log, healthy_within)
         yield process, url, log
     finally:
         if process.poll() is None:
@@ -70,7 +70,9 @@ def started_gateway(
 
 
 @contextmanager
-def running_gateway(log_dir: Path, config: Path | None = None, *args: str) -> Iterator[str]:
+def running_gateway(
+    log_dir: Path, config: Path | None = None, *args: str, healthy_within: float = 30
+) -> Iterator[str]:
     """Yield the base URL of a chatgate server running in its own process."""
-    with started_gateway(log_dir, config, *args) as (_process, url, _log):
+    with started_gateway(log_dir, config, *args, healthy_within=healthy_within) as (_process, url, _log):
         yield url

@@ -11,6 +11,7 @@ from typing import Any
 
 from gateway.core.canonical import ChatRequest
 from gateway.core.errors import BadRequest
+from gateway.dialects.defaults import defaulted
 from gateway.dialects.translator import DocumentFacts
 
 # canonical roles for the Responses API's message roles (a backend's chat template may not know
@@ -18,6 +19,19 @@ from gateway.dialects.translator import DocumentFacts
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 # items that carry the model's reasoning: accepted, and not sent to a backend that cannot read them
 UNSENT_ITEMS = frozenset({"reasoning"})
+# the body's fields read as canonical parameters → their canonical names (`reasoning` and
+# `text.verbosity` are echoed, not sent: a backend here has no effort or verbosity control)
+PARAMETERS = {
+    "max_output_tokens": "max_tokens",
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_logprobs": "top_logprobs",
+    "parallel_tool_calls": "parallel_tool_calls",
+    "tools": "tools",
+    "tool_choice": "tool_choice",
+    "safety_identifier": "user",
+    "user": "user",
+}
 
 
 @dataclass(slots=True)
@@ -230,6 +244,7 @@ def read(facts: DocumentFacts, body: Mapping[str, Any]) -> ChatRequest:
         user=body.get("safety_identifier") or body.get("user"),
         options=options,
         extra=extra,
+        defaulted=defaulted(facts.defaults, body, PARAMETERS),
         dropped=dropped,
         echo=Echo(
             body=body,

@@ -90,7 +90,10 @@ READS = [
     ReadCase(
         "informational parameters are options",
         {"metadata": {"team": "a"}, "store": False, "service_tier": "auto"},
-        {"options": {"metadata": {"team": "a"}, "store": False, "service_tier": "auto"}},
+        {
+            "options": {"metadata": {"team": "a"}, "store": False, "service_tier": "auto"},
+            "defaulted": frozenset({"store", "service_tier"}),  # the document's defaults
+        },
     ),
     ReadCase(
         "newer generation parameters are options",

@@ -84,7 +84,11 @@ READS = [
         {"stream": True, "stop": ["END"], "options": {"include_stop_str_in_output": True}},
     ),
     ReadCase("not streamed, no default", {"stop": ["END"]}, {"stop": ["END"]}),
-    ReadCase("n within best_of", {"n": 1, "best_of": 1}, {"options": {"best_of": 1}}),
+    ReadCase(
+        "n within best_of",
+        {"n": 1, "best_of": 1},
+        {"options": {"best_of": 1}, "defaulted": frozenset({"n", "best_of"})},
+    ),
     ReadCase(
         "include_stop_str_in_output false without stream",
         {"include_stop_str_in_output": False},
