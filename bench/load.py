@@ -229,12 +229,23 @@ async def first_chunk_times(
     return times
 
 
+SSE_DONE = b"data: [DONE]"  # chat completions' last event: a sentinel, not a chunk
+
+
 async def relay_rate(
-    url: str, body: bytes, headers: dict[str, str], concurrency: int, seconds: float
+    url: str,
+    body: bytes,
+    headers: dict[str, str],
+    concurrency: int,
+    seconds: float,
+    done: bytes = SSE_DONE,
 ) -> RelayResult:
-    """Many streams at once for `seconds`: chunks (SSE data events, [DONE] excluded) received."""
+    """Many streams at once for `seconds`: the SSE data events received (chat's [DONE] not
+    counted); a stream counts as whole when `done` (what its last event holds) arrived."""
     totals = {"streams": 0, "chunks": 0, "errors": 0}
     deadline = time.perf_counter() + seconds
+    keep = max(len(done), 5) - 1  # the bytes a match may begin in, kept from the piece before
+    sentinel = 1 if done == SSE_DONE else 0
 
     async def one_client(session: aiohttp.ClientSession) -> None:
         while time.perf_counter() < deadline:
@@ -243,17 +254,17 @@ async def relay_rate(
                     await response.read()
                     totals["errors"] += 1
                     continue
-                tail, count, last = b"", 0, b""
+                tail, count, whole = b"", 0, False
                 async for piece in response.content.iter_any():
                     joined = tail + piece  # "data:" is 5 bytes: a match never lies in the tail alone
-                    count += joined.count(b"data:")
-                    tail = joined[-4:]
-                    last = (last + piece)[-32:]
-            if b"[DONE]" not in last:
+                    count += joined.count(b"data:") - tail.count(b"data:")
+                    whole = whole or done in joined
+                    tail = joined[-keep:]
+            if not whole:
                 totals["errors"] += 1
                 continue
             totals["streams"] += 1
-            totals["chunks"] += count - 1
+            totals["chunks"] += count - sentinel
 
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector, headers=headers) as session:

@@ -25,8 +25,14 @@ CONTENDERS = {  # key → label, in table order
     "traced": "chatgate → nginx, tracing on",
     "sampled": "chatgate → nginx, 1 in 10 traced",
     "workers2": "chatgate → nginx, 2 workers",
+    "messages": "chatgate → nginx, Messages",
+    "responses": "chatgate → nginx, Responses",
+    "portkey": "Portkey gateway 1.15.2 → nginx",
     "litellm": "LiteLLM 1.80.0 → nginx",
 }
+PEER_FLAGS = {"portkey": "--with-portkey", "litellm": "--with-litellm"}
+DIALECT_ROWS = {"chat": "upstream", "messages": "messages", "responses": "responses"}  # → http key
+DIALECT_LABELS = {"chat": "chat completions", "messages": "Messages", "responses": "Responses"}
 STREAM_SOURCES = {"direct": "nginx, direct", "floor": "Python floor", "chatgate": "chatgate → nginx"}
 CAPPED_LABELS = {"upstream": {"workers": "chatgate → nginx, 1 worker"}}  # where a section renames
 RATE_TOLERANCE = 0.10  # a capped point off its asked rate by more than this is not a figure
@@ -188,6 +194,31 @@ def cpu_per_request_of(contender: str, connections: int = 32) -> Callable[[Resul
     return lambda r: cpu_us(r, contender, connections)
 
 
+def dialect_stream(results: Results, name: str) -> dict[str, Any] | None:
+    """A dialect's streams measured without errors, else None."""
+    found = ((results.get("dialects") or {}).get("streams") or {}).get(name)
+    if not found or found.get("errors") or found.get("cpu_us_per_chunk") is None:
+        return None
+    return found
+
+
+def dialect_cpu_over_chat(name: str) -> Callable[[Results], float | None]:
+    """A dialect's CPU µs per request at c=32 over chat completions' (the same deployments)."""
+    return lambda r: ratio(cpu_us(r, DIALECT_ROWS[name], 32), cpu_us(r, "upstream", 32))
+
+
+def dialect_chunk_over_chat(name: str) -> Callable[[Results], float | None]:
+    """A dialect's CPU µs per upstream chunk relayed over chat completions'."""
+
+    def compute(results: Results) -> float | None:
+        found, chat = dialect_stream(results, name), dialect_stream(results, "chat")
+        if found is None or chat is None:
+            return None
+        return ratio(found["cpu_us_per_chunk"], chat["cpu_us_per_chunk"])
+
+    return compute
+
+
 def own_work(results: Results) -> float | None:
     """CPU µs per request chatgate spends beyond the floor on the same upstream client: its own."""
     return difference(cpu_us(results, "upstream", 32), cpu_us(results, "floor", 32))
@@ -231,12 +262,16 @@ def streams_at_most(results: Results) -> str:
 AT_MOST, BELOW = operator.le, operator.lt
 RATIOS = [
     Ratio("own_work_us_c32", "chatgate's own work: µs/req over floor, c=32", own_work, "µs", 80, AT_MOST),
-    Ratio("upstream_over_floor_c32", "chatgate/floor req/s, c=32", rps_ratio("upstream", "floor"), "%"),
+    Ratio(
+        "upstream_over_floor_c32", "chatgate/floor req/s, c=32", rps_ratio("upstream", "floor"), "%", 0.75
+    ),
     Ratio("upstream_over_floor_c1", "chatgate/floor req/s, c=1", rps_ratio("upstream", "floor", 1), "%"),
     Ratio("upstream_over_direct_c32", "chatgate/direct req/s, c=32", rps_ratio("upstream", "direct"), "%"),
     Ratio("upstream_over_direct_c1", "chatgate/direct req/s, c=1", rps_ratio("upstream", "direct", 1), "%"),
     Ratio("echo_us_c32", "chatgate, echo: CPU µs/req, c=32", cpu_per_request_of("echo"), "µs", 90, AT_MOST),
-    Ratio("over_litellm_c32", "chatgate/LiteLLM req/s, c=32", rps_ratio("upstream", "litellm"), "×", 30),
+    Ratio("over_portkey_c32", "chatgate/Portkey req/s, c=32", rps_ratio("upstream", "portkey"), "×", 5),
+    Ratio("over_portkey_c1", "chatgate/Portkey req/s, c=1", rps_ratio("upstream", "portkey", 1), "×"),
+    Ratio("over_litellm_c32", "chatgate/LiteLLM req/s, c=32", rps_ratio("upstream", "litellm"), "×", 25),
     Ratio("over_litellm_c1", "chatgate/LiteLLM req/s, c=1", rps_ratio("upstream", "litellm", 1), "×", 20),
     Ratio("added_p50_c1_ms", "chatgate p50 over direct, c=1", added_p50("upstream", "direct"), "ms"),
     Ratio("floor_added_p50_c1_ms", "floor p50 over direct, c=1", added_p50("floor", "direct"), "ms"),
@@ -274,7 +309,24 @@ RATIOS = [
         1.10, AT_MOST, rate_missed("workers", ("upstream", "workers2")),
     ),
     Ratio("workers2_over_1_c32", "2 workers/1 worker req/s, c=32", rps_ratio("workers2", "upstream"), "×"),
-    # the concurrency point, at the most streams it opened (issue 30)
+    # every dialect as cheap as chat: the same deployments asked in Messages and Responses
+    Ratio(
+        "messages_cpu_over_chat_c32", "Messages/chat CPU µs/req, c=32", dialect_cpu_over_chat("messages"),
+        "×", 1.10, AT_MOST,
+    ),
+    Ratio(
+        "responses_cpu_over_chat_c32", "Responses/chat CPU µs/req, c=32", dialect_cpu_over_chat("responses"),
+        "×", 1.10, AT_MOST,
+    ),
+    Ratio(
+        "messages_chunk_over_chat", "Messages/chat CPU µs/chunk, streams",
+        dialect_chunk_over_chat("messages"), "×", 1.10, AT_MOST,
+    ),
+    Ratio(
+        "responses_chunk_over_chat", "Responses/chat CPU µs/chunk, streams",
+        dialect_chunk_over_chat("responses"), "×", 1.10, AT_MOST,
+    ),
+    # the concurrency point, at the most streams it opened
     Ratio("streams_errors", "most streams at once: errors", at_most_streams("errors"), "", 0, AT_MOST),
     Ratio(
         "streams_cpu_us_per_chunk", "most streams at once: CPU µs/chunk", at_most_streams("cpu_us_per_chunk"),
@@ -290,15 +342,23 @@ RATIOS = [
     ),
 ]  # fmt: skip
 
-# Published per-core figures of other gateways (a neutral harness on 4 cores, issue 30): shown
-# beside chatgate's own estimate (1 s of CPU over its µs per proxied request), never run here.
-REFERENCES = [
-    ("LiteLLM Rust gateway", 107, 42_560, 4),
-    ("agentgateway", 186, 29_719, 4),
-    ("APISIX", 436, 20_057, 4),
-    ("Bifrost", 939, 6_244, 4),
-    ("LiteLLM Python proxy", 7_996, 588, 4),
-]
+
+@dataclass(frozen=True)
+class Published:
+    """A figure of a gateway that does not run here: shown only with where it comes from, how it
+    was measured and when, apart from what this run measured."""
+
+    gateway: str
+    figure: str  # as its source states it, with its unit
+    source: str  # an address anyone can open again
+    method: str  # the machine, the load, the upstream
+    date: str  # when it was measured or published
+
+
+# Gateways the bench cannot run here, and the figures of theirs that have a source. None has yet:
+# the per-core table these rows once held came from no source anyone could find again.
+NOT_RUN = ("agentgateway", "Bifrost", "TensorZero", "LiteLLM's Rust gateway")
+PUBLISHED: tuple[Published, ...] = ()
 
 
 def evaluate(results: Results) -> list[dict[str, Any]]:
@@ -354,8 +414,8 @@ def format_value(value: float | None, unit: str) -> str:
 
 def render(results: Results) -> str:
     sections = (
-        render_http, render_capped, render_streams, render_memory, render_concurrency, render_references,
-        render_ratios,
+        render_http, render_capped, render_streams, render_dialects, render_memory, render_concurrency,
+        render_peers, render_not_run, render_ratios,
     )  # fmt: skip
     return "\n".join(line for section in sections for line in section(results))
 
@@ -552,25 +612,110 @@ def render_concurrency(results: Results) -> list[str]:
     return lines
 
 
-def render_references(results: Results) -> list[str]:
-    """chatgate's requests per core-second beside the published per-core figures of others."""
-    proxied = cpu_us(results, "upstream", 32)
+def render_dialects(results: Results) -> list[str]:
+    """CPU per request (c=32) and per chunk relayed, each dialect against chat completions."""
+    dialects = results.get("dialects") or {}
+    streams = dialects.get("streams") or {}
+    rows = [name for name, key in DIALECT_ROWS.items() if name != "chat" and key in results.get("http", {})]
+    if not rows and not streams and not dialects.get("errors"):
+        return []
+    ratios = {row["key"]: row for row in results.get("ratios") or ()}
     lines = [
         "",
-        "Per core (others: published figures, a neutral harness on 4 cores, not run here):",
-        f"{'gateway':<34}{'added p99':>11}{'max req/s':>11}{'req/s per core':>16}",
+        "Dialects: the same deployments on nginx, each dialect through its own chatgate; CPU per request "
+        "at c=32, per chunk of the upstream's 64 over 32 streams at once",
+        f"{'dialect':<20}{'µs/req':>8}{'/chat':>8}{'goal':>9}{'':>6}{'µs/chunk':>10}{'/chat':>8}{'goal':>9}"
+        f"{'':>6}{'events/stream':>15}",
     ]
-    for name, added_p99_us, max_rps, cores in REFERENCES:
-        lines.append(f"{name:<34}{added_p99_us:>8,} µs{max_rps:>11,}{max_rps / cores:>16,.0f}")
+    for name, key in DIALECT_ROWS.items():
+        request = cpu_us(results, key, 32)
+        stream = dialect_stream(results, name)
+        if request is None and stream is None:
+            continue
+        per_request = ratios.get(f"{name}_cpu_over_chat_c32") or {}
+        per_chunk = ratios.get(f"{name}_chunk_over_chat") or {}
+        lines.append(
+            f"{DIALECT_LABELS[name]:<20}{format_value(request, 'µs'):>8}"
+            f"{format_value(per_request.get('value'), '×') if name != 'chat' else '':>8}"
+            f"{per_request.get('goal_text', ''):>9}{per_request.get('verdict') or '':>6}"
+            f"{format_value(stream and stream['cpu_us_per_chunk'], ' µs'):>10}"
+            f"{format_value(per_chunk.get('value'), '×') if name != 'chat' else '':>8}"
+            f"{per_chunk.get('goal_text', ''):>9}{per_chunk.get('verdict') or '':>6}"
+            f"{format_value(stream and stream['events_per_stream'], ''):>15}"
+        )
+    if any(streams.values()):
+        first = next(iter(streams.values()))
+        lines.append(
+            f"    streams: {first['rounds']} rotated rounds of {first['seconds']:g} s per dialect; µs/chunk: "
+            "its CPU per stream over the upstream's 64 chunks, whatever number of events it writes"
+        )
+    for name, message in (dialects.get("errors") or {}).items():
+        lines.append(f"{DIALECT_LABELS.get(name, name)} streams: error: {message.splitlines()[0][:100]}")
+    return lines
+
+
+def render_peers(results: Results) -> list[str]:
+    """chatgate against each peer and the floor, in one run: req/s at c=1 and c=32, the ratios,
+    each goal's verdict (from the ratio rows, so the two tables cannot disagree)."""
+    ratios = {row["key"]: row for row in results.get("ratios") or ()}
+    http = results.get("http", {})
+    mode = results.get("meta", {}).get("mode", "")
+    lines = [
+        "",
+        "Peers: POST /v1/chat/completions, the same nginx upstream, every server on the same CPU",
+        f"{'':<34}{'req/s':^18}{'chatgate ÷ it':^22}",
+        f"{'server':<34}{'c=1':>9}{'c=32':>9}{'c=1':>11}{'c=32':>11}  {'goal, c=32':<12}verdict",
+        f"{CONTENDERS['upstream']:<34}{rps_cell(results, 'upstream', 1)}{rps_cell(results, 'upstream', 32)}",
+    ]
+    rows = (("portkey", "over_portkey"), ("litellm", "over_litellm"), ("floor", "upstream_over_floor"))
+    for key, ratio_key in rows:
+        label = CONTENDERS[key]
+        entry = http.get(key)
+        if entry is None:
+            flag = PEER_FLAGS.get(key)
+            why = f"not run: add {flag} (the full run has it)" if flag and mode != "full" else "not run"
+            lines.append(f"{label:<34}{why}")
+            continue
+        if entry.get("error"):
+            lines.append(f"{label:<34}error: {entry['error'].splitlines()[0][:100]}")
+            continue
+        c1, c32 = ratios.get(f"{ratio_key}_c1") or {}, ratios.get(f"{ratio_key}_c32") or {}
+        lines.append(
+            f"{label:<34}{rps_cell(results, key, 1)}{rps_cell(results, key, 32)}"
+            f"{format_value(c1.get('value'), c1.get('unit', '×')):>11}"
+            f"{format_value(c32.get('value'), c32.get('unit', '×')):>11}"
+            f"  {c32.get('goal_text', ''):<12}{c32.get('verdict') or ''}".rstrip()
+        )
+    proxied = cpu_us(results, "upstream", 32)
     if proxied:
         lines.append(
-            f"{'chatgate → nginx (this run)':<34}{'':>11}{'':>11}{1e6 / proxied:>16,.0f}"
-            f"   (1 s of CPU / {proxied:,.0f} µs per proxied request, c=32)"
+            f"chatgate → nginx: {1e6 / proxied:,.0f} requests per core-second "
+            f"(1 s of CPU / {proxied:,.0f} µs per proxied request, c=32)"
         )
     chunk = at_most_streams("cpu_us_per_chunk")(results)
     if chunk is not None:
         lines.append(
             f"chatgate: {chunk:,.1f} µs of CPU per relayed chunk at {streams_at_most(results)} streams"
+        )
+    return lines
+
+
+def rps_cell(results: Results, key: str, connections: int) -> str:
+    value = figure(results, key, connections, "rps")
+    return f"{'—' if value is None else f'{value:,.0f}':>9}"
+
+
+def render_not_run(results: Results) -> list[str]:
+    """The gateways that cannot run here; a figure of theirs only with its source, method, date."""
+    lines = ["", f"Not run here: {', '.join(NOT_RUN)}."]
+    if not PUBLISHED:
+        lines.append(
+            "    No figure of theirs is shown: none has been found with a source, a method and a date."
+        )
+    for item in PUBLISHED:
+        lines.append(
+            f"    {item.gateway}: {item.figure} (published, not measured here: {item.source}; "
+            f"{item.method}; {item.date})"
         )
     return lines
 
@@ -589,8 +734,6 @@ def render_ratios(results: Results) -> list[str]:
         f"measured · ERROR (measured, not valid): {verdicts.count('ERROR')} · "
         f"n/a (not measured): {verdicts.count('n/a')} · {results['meta']['elapsed_s']:.0f} s run"
     )
-    if "litellm" not in results.get("http", {}):
-        lines.append("    LiteLLM is measured only with --with-litellm")
     return lines
 
 

@@ -12,8 +12,18 @@ Contenders (each a separate process, all started at once and idle when not measu
   chatgate, tracing on every request traced (a server and a client span), sent by OTLP/HTTP to
                        an nginx location that keeps nothing; and with 1 request in 10 traced
   chatgate, 2 workers  `--workers 2` on both CPUs, against the pinned single worker
-  LiteLLM proxy        only with --with-litellm: LiteLLM 1.80.0 in a venv of its own (made on
-                       first use), one model on the same nginx upstream
+  chatgate, Messages   the same deployments asked in Anthropic's Messages dialect, and in
+  chatgate, Responses  OpenAI's Responses dialect (bench/dialects.py): CPU per request at c=32
+                       and per chunk of a stream relayed, each against chat completions'
+  Portkey gateway      a peer: Portkey's open-source gateway 1.15.2 (Node, npm, pinned by
+                       bench/portkey/package-lock.json, installed on first use), forwarding to
+                       the same nginx upstream
+  LiteLLM proxy        a peer: LiteLLM 1.80.0 in a venv of its own (made on first use), one
+                       model on the same nginx upstream
+
+The peers run in the full mode (--no-peers leaves them out); --quick and --smoke run them only
+when asked (--with-portkey, --with-litellm). The peer table puts chatgate's req/s against each
+peer's and the floor's, with each goal's verdict.
 
 Last, the concurrency point (bench/concurrency.py): 1,000, 4,000 and 8,000 slow streams open at
 once (64 chunks 20 ms apart, bench/slow_upstream.py) through one worker, each count on a fresh
@@ -56,7 +66,8 @@ import httpx
 import orjson
 import yaml
 
-from bench import concurrency, litellm_proxy, load, report
+from bench import concurrency, litellm_proxy, load, portkey_gateway, report
+from bench.dialects import CHAT, DIALECTS, MESSAGES, RESPONSES, Dialect
 from bench.processes import (
     START_TIMEOUT,
     Server,
@@ -78,7 +89,8 @@ RELAY_CONCURRENCY = 32
 CAPPED_CONNECTIONS = 32
 LATENCY_RATE_SHARE = 0.5  # the latency figures' rate: half the floor's maximum (c=32)
 WORKERS_RATE_SHARE = 0.7  # the scale-out figures' rate: 70 % of 1 worker's maximum (c=32)
-ALL_CONTENDERS = tuple(key for key in report.CONTENDERS if key != "litellm")  # LiteLLM when asked
+PEERS = ("portkey", "litellm")  # installed on first use, outside chatgate's environment
+ALL_CONTENDERS = tuple(key for key in report.CONTENDERS if key not in PEERS)
 
 
 @dataclass(frozen=True)
@@ -94,10 +106,11 @@ class Profile:
     capped_seconds: float  # per capped-rate point and round
     contenders: tuple[str, ...]
     concurrent_streams: tuple[int, ...] = concurrency.STREAMS  # the concurrency point's counts
+    peers: tuple[str, ...] = ()  # run unless --no-peers; the others only when asked
 
 
 PROFILES = {
-    "full": Profile("full", 4, 5, 2, 300, 10, 100_000, 300, 4, ALL_CONTENDERS),
+    "full": Profile("full", 4, 5, 2, 300, 10, 100_000, 300, 4, ALL_CONTENDERS, peers=PEERS),
     "quick": Profile("quick", 1, 5, 1, 150, 3, 20_000, 120, 2, ALL_CONTENDERS),
     "smoke": Profile(
         "smoke",
@@ -109,7 +122,7 @@ PROFILES = {
         500,
         10,
         1,
-        ("direct", "floor", "upstream", "echo", "workers2"),
+        ("direct", "floor", "upstream", "echo", "workers2", "messages", "responses"),
         concurrency.SMOKE_STREAMS,
     ),
 }
@@ -155,11 +168,20 @@ class Contender:
 
     key: str
     server: Server
-    url: str  # the chat completions URL wrk posts to
+    url: str  # the URL wrk posts to (chat completions unless `dialect` says otherwise)
     stream_url: str  # where its 64-chunk stream is asked for
     headers: dict[str, str] = field(default_factory=dict)
     connections: tuple[int, ...] = report.CONNECTIONS
     workers: int = 1  # with more, every wrk run also counts the connections each one holds
+    dialect: Dialect = CHAT  # what its requests look like
+
+    @property
+    def body(self) -> bytes:
+        return orjson.dumps(self.dialect.request)
+
+    @property
+    def stream_body(self) -> bytes:
+        return orjson.dumps(self.dialect.stream_request)
 
 
 @dataclass(frozen=True)
@@ -190,7 +212,7 @@ class Bench:
         tmp: Path,
         cores: Cores,
         stack: contextlib.ExitStack,
-        with_litellm: bool = False,
+        peers: tuple[str, ...] = (),
         chatgate_root: Path = ROOT,
         concurrency_settings: dict[str, Any] | None = None,
     ) -> None:
@@ -202,7 +224,7 @@ class Bench:
         self.tmp = tmp
         self.cores = cores
         self.stack = stack
-        self.with_litellm = with_litellm
+        self.peers = peers
         self.started = time.monotonic()
         self.body = orjson.dumps(REQUEST)
         self.stream_body = orjson.dumps(STREAM_REQUEST)
@@ -212,6 +234,7 @@ class Bench:
             "http": {},
             "capped": {},
             "streaming": {"first_chunk": {}, "errors": {}},
+            "dialects": {"streams": {}, "errors": {}},
         }
 
     # ----- plumbing -------------------------------------------------------------------------
@@ -285,14 +308,14 @@ class Bench:
 
     # ----- measuring ------------------------------------------------------------------------
 
-    def check_answer(self, url: str, headers: dict[str, str]) -> None:
-        """One request by hand before any load: a 200 with a completion, so wrk counts real work."""
-        response = httpx.post(url, content=self.body, headers={**headers, "content-type": "application/json"})
+    def check_answer(self, contender: Contender) -> None:
+        """One request by hand before any load: a 200 with generated text, so wrk counts real work."""
+        url = contender.url
+        response = httpx.post(url, content=contender.body, headers=headers_for(contender.headers))
         if response.status_code != 200:
             raise RuntimeError(f"{url} answered {response.status_code}: {response.text[:300]}")
-        content = response.json()["choices"][0]["message"]["content"]
-        if not content:
-            raise RuntimeError(f"{url} answered an empty completion")
+        if not contender.dialect.text(response.json()):
+            raise RuntimeError(f"{url} answered without generated text")
 
     def check_stream(self, url: str, headers: dict[str, str]) -> None:
         with httpx.stream(
@@ -312,7 +335,7 @@ class Bench:
         headers = {"Content-Type": "application/json", **contender.headers}
         cpu, started = server.cpu_by_process(), time.monotonic()
         run = load.WrkRun(
-            contender.url, self.body, headers, load_.connections, seconds, self.cores.load, load_.rate
+            contender.url, contender.body, headers, load_.connections, seconds, self.cores.load, load_.rate
         )
         by_worker = None
         if contender.workers > 1:
@@ -331,8 +354,7 @@ class Bench:
         )
 
     def warm(self, contender: Contender) -> None:
-        headers = {"Content-Type": "application/json", **contender.headers}
-        self.check_answer(contender.url, headers)
+        self.check_answer(contender)
         self.wrk(contender, Load(32), self.profile.warmup)
 
     def rounds(
@@ -418,6 +440,55 @@ class Bench:
             result = load.FirstChunkResult.of(found)
             self.results["streaming"]["first_chunk"][source] = result.as_dict()
             self.say(f"first chunk, {source}: p50 {result.p50_ms:.2f} ms, p99 {result.p99_ms:.2f} ms")
+
+    def check_dialect_stream(self, contender: Contender) -> None:
+        """One stream by hand: a 200 that ends with the dialect's last event."""
+        url, headers = contender.stream_url, headers_for(contender.headers)
+        with httpx.stream("POST", url, content=contender.stream_body, headers=headers) as response:
+            raw = response.read()
+        if response.status_code != 200 or contender.dialect.done not in raw[-4096:]:
+            raise RuntimeError(f"{contender.stream_url} streamed {response.status_code}: {raw[-300:]!r}")
+
+    def dialect_streams(self) -> None:
+        """32 streams at once in each dialect, each through its own chatgate, in rotated rounds:
+        the CPU each spent per stream and per chunk of the upstream's stream (the same 64 chunks
+        whatever the dialect writes of them), the medians over the rounds."""
+        sources: dict[str, Contender] = {}
+        for name, dialect in DIALECTS.items():
+            if (contender := self.running.get(dialect.key)) is None:
+                continue
+            try:
+                self.check_dialect_stream(contender)
+                sources[name] = contender
+            except Exception as error:
+                self.results["dialects"]["errors"][name] = f"{type(error).__name__}: {error}"
+                self.say(f"dialect streams, {name}: {error}")
+        if "chat" not in sources or len(sources) < 2:
+            return
+        seconds = max(1.0, self.profile.relay_seconds / self.profile.rounds)
+        samples: dict[str, list[tuple[load.RelayResult, float]]] = {name: [] for name in sources}
+        names = list(sources)
+        for number in range(self.profile.rounds):
+            shift = number % len(names)
+            for name in names[shift:] + names[:shift]:
+                contender = sources[name]
+                cpu = contender.server.cpu_seconds()
+                found = asyncio.run(
+                    load.relay_rate(
+                        contender.stream_url, contender.stream_body, headers_for(contender.headers),
+                        RELAY_CONCURRENCY, seconds, contender.dialect.done,
+                    )
+                )  # fmt: skip
+                spent = contender.server.cpu_seconds() - cpu
+                samples[name].append((found, spent))
+                per_stream = spent / found.streams * 1e6 if found.streams else 0.0
+                self.say(
+                    f"dialect streams {number + 1}/{self.profile.rounds} · {name}: {found.streams} streams, "
+                    f"{per_stream:,.0f} µs cpu/stream, {per_stream / STREAM_CHUNKS:.1f} µs/chunk, "
+                    f"{found.errors} errors"
+                )
+        for name, found in samples.items():
+            self.results["dialects"]["streams"][name] = dialect_stream_figures(found, seconds)
 
     def relay(self, server: Server) -> None:
         url = server.url + JSON_PATH
@@ -607,6 +678,27 @@ class Bench:
         url = server.url + JSON_PATH
         return Contender("workers2", server, url, url, connections=(32,), workers=2)
 
+    def launch_dialect(self, dialect: Dialect) -> Contender:
+        """chatgate → nginx as the chat row's, asked in another dialect (c=32 only)."""
+        server = self.start_chatgate(f"chatgate {dialect.key}", self.chatgate_config("openai-compatible"))
+        url = server.url + dialect.path
+        return Contender(dialect.key, server, url, url, connections=(32,), dialect=dialect)
+
+    def launch_portkey(self) -> Contender:
+        """Portkey's gateway on the server CPU, installed first if need be; wrk's headers send
+        each request to the nginx upstream."""
+        start_server = portkey_gateway.ensure_installed(self.say)
+        port = free_port()
+        command = portkey_gateway.command(start_server, port)
+        environment = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "NODE_OPTIONS")}
+        server = self.start_in(
+            "Portkey", pinned(self.cores.server, command), port, accepts_connections(port),
+            {**environment, **portkey_gateway.ENVIRONMENT}, cwd=self.tmp,
+            timeout=portkey_gateway.START_TIMEOUT,
+        )  # fmt: skip
+        headers = portkey_gateway.headers(f"{self.upstream.url}/v1")
+        return Contender("portkey", server, server.url + JSON_PATH, server.url + JSON_PATH, headers)
+
     def launch_litellm(self) -> Contender:
         """LiteLLM's proxy on the server CPU, its venv made first if need be."""
         executable = litellm_proxy.ensure_installed(self.say)
@@ -656,9 +748,12 @@ class Bench:
             "traced": self.launch_traced,
             "sampled": lambda: self.launch_traced("sampled", 0.1),
             "workers2": self.launch_workers,
+            "messages": lambda: self.launch_dialect(MESSAGES),
+            "responses": lambda: self.launch_dialect(RESPONSES),
+            "portkey": self.launch_portkey,
             "litellm": self.launch_litellm,
         }
-        wanted = self.profile.contenders + (("litellm",) if self.with_litellm else ())
+        wanted = self.profile.contenders + self.peers
         for key, how in launchers.items():
             if key in wanted and (contender := self.launch(key, how)):
                 self.running[key] = contender
@@ -668,6 +763,7 @@ class Bench:
             self.measure_capped("workers", ("upstream", "workers2"), "upstream", WORKERS_RATE_SHARE)
         streamers = {"direct": "direct", "floor": "floor", "upstream": "chatgate"}
         self.first_chunks({name: self.running[key] for key, name in streamers.items() if key in self.running})
+        self.dialect_streams()
         upstream = self.running.get("upstream")
         if upstream is None:
             return self.results
@@ -715,6 +811,25 @@ def median_point(samples: list[Sample]) -> dict[str, Any]:
         columns = zip(*by_process, strict=False)
         point["server_cpu_by_process"] = [statistics.median(column) for column in columns]
     return point
+
+
+def dialect_stream_figures(samples: list[tuple[load.RelayResult, float]], seconds: float) -> dict[str, Any]:
+    """One dialect's streams over the rounds: CPU per stream and per upstream chunk (medians of
+    the rounds), streams and errors summed."""
+    per_stream = [spent / found.streams * 1e6 for found, spent in samples if found.streams]
+    median = statistics.median(per_stream) if per_stream else None
+    return {
+        "rounds": len(samples),
+        "seconds": seconds,
+        "concurrency": RELAY_CONCURRENCY,
+        "streams": sum(found.streams for found, _ in samples),
+        "errors": sum(found.errors for found, _ in samples),
+        "events_per_stream": statistics.median(found.chunks_per_stream for found, _ in samples),
+        "upstream_chunks_per_stream": STREAM_CHUNKS,
+        "cpu_us_per_stream": median,
+        "cpu_us_per_chunk": None if median is None else median / STREAM_CHUNKS,
+        "cpu_us_per_chunk_by_round": [round(value / STREAM_CHUNKS, 2) for value in per_stream],
+    }
 
 
 def describe(contender: Contender, sample: Sample) -> str:
@@ -768,9 +883,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "against today's goals"
     )  # fmt: skip
     parser.add_argument(
-        "--with-litellm", action="store_true", help=f"add LiteLLM {litellm_proxy.VERSION}'s proxy as a "
-        f"contender (its venv is made in {litellm_proxy.VENV} on first use: minutes)"
+        "--with-litellm", action="store_true", help=f"add LiteLLM {litellm_proxy.VERSION}'s proxy as a peer "
+        f"to --quick or --smoke (the full run has it; its venv is made in {litellm_proxy.VENV} on first "
+        "use: minutes)"
     )  # fmt: skip
+    parser.add_argument(
+        "--with-portkey", action="store_true", help=f"add Portkey's gateway {portkey_gateway.VERSION} as a "
+        f"peer to --quick or --smoke (the full run has it; installed by npm into {portkey_gateway.FOLDER} "
+        "on first use: seconds)"
+    )  # fmt: skip
+    parser.add_argument(
+        "--no-peers", action="store_true", help="leave Portkey and LiteLLM out of the full run"
+    )
     parser.add_argument("--seconds", type=float, help="seconds per wrk point and round (overrides the mode)")
     parser.add_argument("--memory-requests", type=int, help="requests between the RSS readings")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results", help="where latest.* go")
@@ -795,6 +919,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="the concurrency point runs the chatgate of this checkout (an older one, to compare)",
     )  # fmt: skip
     return parser.parse_args(argv)
+
+
+def peers_of(profile: Profile, args: argparse.Namespace) -> tuple[str, ...]:
+    """The peers this run starts: the mode's own unless --no-peers, and those asked for."""
+    asked = {"portkey": args.with_portkey, "litellm": args.with_litellm}
+    return tuple(key for key in PEERS if asked[key] or (key in profile.peers and not args.no_peers))
 
 
 def exit_code(ratios: list[dict[str, Any]], strict: bool) -> int:
@@ -837,7 +967,7 @@ def main(argv: list[str] | None = None) -> int:
     started = datetime.datetime.now(datetime.UTC)
     with tempfile.TemporaryDirectory(prefix="chatgate-bench-") as tmp, contextlib.ExitStack() as stack:
         bench = Bench(
-            profile, Path(tmp), cores, stack, args.with_litellm,
+            profile, Path(tmp), cores, stack, peers_of(profile, args),
             args.chatgate_root.resolve(), args.concurrency_settings,
         )  # fmt: skip
         results = bench.run(args.only_concurrency)
@@ -851,7 +981,8 @@ def main(argv: list[str] | None = None) -> int:
             "capped_seconds_per_point": profile.capped_seconds,
             "rounds": profile.rounds,
             "memory_requests": profile.memory_requests,
-            "with_litellm": args.with_litellm,
+            "with_litellm": "litellm" in bench.peers,
+            "peers": list(bench.peers),
             "cpus": os.cpu_count(),
             "busy_before": round(busy, 3),
             "server_cores": cores.server or "any",

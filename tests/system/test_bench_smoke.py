@@ -1,10 +1,12 @@
 """The benchmark harness (`python -m bench`) runs end to end in its smoke mode and produces a
-well-formed table, JSON and chart, with every goal of issues 18 and 30 as a row, and the
-published per-core figures beside chatgate's. No timing is asserted:
-figures on a shared machine vary. `--show` re-reads the smoke run's JSON, so `--strict` is
-checked on figures set by hand rather than on whatever this machine measured.
+well-formed table, JSON and chart, with every goal as a row: the peer table (chatgate against
+Portkey's gateway, run here as a peer, and the floor), the Messages and Responses dialects
+against chat completions, and no figure of another gateway without a source. No timing is
+asserted: figures on a shared machine vary. `--show` re-reads the smoke run's JSON, so
+`--strict` is checked on figures set by hand rather than on whatever this machine measured.
 
-Needs nginx and wrk (Debian packages, installed by scripts/run-tests) and matplotlib.
+Needs nginx and wrk (Debian packages, installed by scripts/run-tests), matplotlib, and node
+with npm (the first run installs Portkey's pinned gateway into ~/.cache/chatgate-bench).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import pytest
 
 from tests.support.servers import ROOT
 
-SMOKE_CONTENDERS = ("direct", "floor", "upstream", "echo")
+SMOKE_CONTENDERS = ("direct", "floor", "upstream", "echo", "portkey")
 POINT_FIGURES = (
     "rps",
     "p50_ms",
@@ -35,7 +37,15 @@ GOAL_KEYS = {
     "traced_over_untraced_c32", "added_first_chunk_p50_ms", "relayed_chunks_per_core_s",
     "rss_growth", "idle_rss_mb", "workers_connection_spread", "workers2_cpu_over_1",
     "streams_errors", "streams_cpu_us_per_chunk", "streams_kb_per_open_stream", "streams_rss_after_over_idle",
+    "upstream_over_floor_c32", "over_portkey_c32", "messages_cpu_over_chat_c32",
+    "responses_cpu_over_chat_c32", "messages_chunk_over_chat", "responses_chunk_over_chat",
 }  # fmt: skip
+# what each dialect writes of the upstream's 64 chunks (a role chunk, 61 words, a finish, a usage)
+EVENTS_PER_STREAM = {
+    "chat": 63,  # the usage chunk is not asked for; [DONE] is not counted
+    "messages": 66,  # message_start, content_block_start, 61 deltas, block stop, message_delta, stop
+    "responses": 69,  # created, in_progress, item and part added, 61 deltas, text/part/item done, completed
+}
 NOT_IN_SMOKE = {
     "policy_over_no_policy_c32",
     "traced_over_untraced_c32",
@@ -49,11 +59,11 @@ CAPPED = {"capped_added_p99_ms", "workers2_cpu_over_1"}  # ERROR when a server c
 def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict, Path]:
     out = tmp_path_factory.mktemp("bench")
     run = subprocess.run(
-        [sys.executable, "-m", "bench", "--smoke", "--out", str(out)],
+        [sys.executable, "-m", "bench", "--smoke", "--with-portkey", "--out", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=420,
     )
     assert run.returncode == 0, run.stdout + run.stderr
     return run.stdout, json.loads((out / "latest.json").read_text()), out
@@ -117,12 +127,55 @@ def test_capped_loads_measured(smoke):
         assert len(counts) == 2 and sum(counts) == 32, counts  # wrk's 32 connections, all found
 
 
-def test_litellm_only_when_asked(smoke):
-    from bench.run import parse_args
+def test_peers_in_the_full_run_and_when_asked(smoke):
+    from bench.run import PROFILES, parse_args, peers_of
 
     _, results, _ = smoke
-    assert parse_args([]).with_litellm is False
-    assert "litellm" not in results["http"] and results["meta"]["with_litellm"] is False
+    assert peers_of(PROFILES["full"], parse_args([])) == ("portkey", "litellm")
+    assert peers_of(PROFILES["full"], parse_args(["--no-peers"])) == ()
+    assert peers_of(PROFILES["quick"], parse_args(["--quick"])) == ()
+    assert peers_of(PROFILES["quick"], parse_args(["--quick", "--with-litellm"])) == ("litellm",)
+    assert results["meta"]["peers"] == ["portkey"] and results["meta"]["with_litellm"] is False
+    assert "litellm" not in results["http"]
+
+
+def test_portkey_peer_table(smoke):
+    """Portkey's gateway answered every request of its points through the same nginx, and the peer
+    table puts chatgate's req/s over its own, with the goal's verdict from the ratio row."""
+    stdout, results, _ = smoke
+    ratios = {row["key"]: row for row in results["ratios"]}
+    portkey = results["http"]["portkey"]["points"]
+    assert ratios["over_portkey_c32"]["value"] == pytest.approx(
+        results["http"]["upstream"]["points"]["32"]["rps"] / portkey["32"]["rps"]
+    )
+    table = stdout[stdout.index("Peers: POST /v1/chat/completions") :].split("\n\n")[0]
+    row = next(line for line in table.splitlines() if line.startswith("Portkey gateway 1.15.2"))
+    assert f"{portkey['32']['rps']:,.0f}" in row and f"{ratios['over_portkey_c32']['value']:.2f}×" in row
+    assert row.split()[-1] == ratios["over_portkey_c32"]["verdict"] and "≥ 5.00×" in row
+    litellm = next(line for line in table.splitlines() if line.startswith("LiteLLM 1.80.0"))
+    assert "not run: add --with-litellm" in litellm
+    floor = next(line for line in table.splitlines() if line.startswith("Python floor"))
+    assert "≥ 75.0%" in floor and floor.split()[-1] == ratios["upstream_over_floor_c32"]["verdict"]
+
+
+def test_dialects_measured(smoke):
+    """Messages and Responses through chatgate on the same deployments as chat: plain requests
+    at c=32 and streams, each whole, with their ratios to chat's."""
+    stdout, results, _ = smoke
+    for key in ("messages", "responses"):
+        figures = results["http"][key]["points"]["32"]
+        assert figures["errors"] == 0 and figures["cpu_us_per_request"] > 0, (key, figures)
+    assert results["dialects"]["errors"] == {}
+    for name, events in EVENTS_PER_STREAM.items():
+        found = results["dialects"]["streams"][name]
+        assert found["errors"] == 0 and found["streams"] > 0, (name, found)
+        assert found["events_per_stream"] == events, (name, found)
+        assert found["cpu_us_per_chunk"] == pytest.approx(found["cpu_us_per_stream"] / 64)
+    ratios = {row["key"]: row for row in results["ratios"]}
+    chat = results["dialects"]["streams"]["chat"]["cpu_us_per_chunk"]
+    messages = results["dialects"]["streams"]["messages"]["cpu_us_per_chunk"]
+    assert ratios["messages_chunk_over_chat"]["value"] == pytest.approx(messages / chat)
+    assert "Dialects: the same deployments on nginx" in stdout
 
 
 def test_strict_exits_1_on_a_failed_goal(smoke, tmp_path):
@@ -159,9 +212,11 @@ def test_table_and_chart(smoke):
     for row in results["ratios"]:
         assert row["label"] in stdout
     assert "goals held:" in stdout
-    references = stdout[stdout.index("Per core (others: published figures") :]
-    assert "LiteLLM Rust gateway" in references and "10,640" in references  # 42,560 req/s over 4 cores
-    proxied = next(line for line in references.splitlines() if line.startswith("chatgate → nginx (this run)"))
+    not_run = stdout[stdout.index("Not run here:") :].split("\n\n")[0]
+    assert "agentgateway" in not_run and "none has been found with a source" in not_run
+    for unsourced in ("42,560", "10,640", "29,719"):  # the old table's figures, from no source
+        assert unsourced not in stdout
+    proxied = next(line for line in stdout.splitlines() if "requests per core-second" in line)
     per_core = 1e6 / results["http"]["upstream"]["points"]["32"]["cpu_us_per_request"]
     assert f"{per_core:,.0f}" in proxied  # chatgate's own figure, from this run's CPU per request
     assert (out / "latest.png").read_bytes().startswith(b"\x89PNG")
