@@ -467,7 +467,9 @@ def run(
             for interaction in recorder.interactions.values():
                 if interaction.response is not None:
                     result.answers += 1
-                    result.unauthorized += interaction.response.status_code == 401
+                    result.unauthorized += interaction.response.status_code == 401 and carried(
+                        interaction.request, secrets
+                    )
             for case_id, checks in recorder.checks.items():
                 failed = {
                     check.name: check.failure_info
@@ -490,6 +492,22 @@ def run(
             report.errors.append(f"{type(event.exception).__name__}: {event.exception}")
     report.seconds = time.monotonic() - started
     return report
+
+
+def carried(request: Any, secrets: frozenset[str]) -> bool:
+    """Whether a request carried the run's key (every request does when none was given): the
+    keyless requests of the key check (ignored_auth) are answered 401 by design, and are not a
+    sign that the key was refused."""
+    if not secrets:
+        return True
+    headers = getattr(request, "headers", None) or {}
+    sent = [
+        v
+        for k, vs in headers.items()
+        if k.lower() in KEY_HEADERS
+        for v in ([vs] if isinstance(vs, str) else vs)
+    ]
+    return any(value in secrets for value in sent)
 
 
 def auth_line(

@@ -288,6 +288,10 @@ def junit(report: Report) -> str:
     for error in report.errors:
         case = ET.SubElement(suite, "testcase", classname="run", name="run")
         ET.SubElement(case, "error", message=xml_safe(error[:300])).text = xml_safe(error)
+    if report.untested:  # nothing failed, but not everything was tried: not a pass either
+        failures += 1
+        case = ET.SubElement(suite, "testcase", classname="run", name="tested")
+        ET.SubElement(case, "failure", message=xml_safe(report.untested)).text = xml_safe(report.untested)
     suite.set("tests", str(len(suite)))
     suite.set("failures", str(failures))
     suite.set("errors", str(len(report.all_errors)))

@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import yaml
 from gateway.policy.auth import new_key
 from gateway.probes.sets import PROBE_SETS
 from gateway.tools.conformance import Report, render
-from gateway.tools.conformance_report import Feature, html_page
+from gateway.tools.conformance_report import Feature, html_page, junit
 from gateway.tools.vendor_specs import VENDOR_DOCUMENTS
 from tests.support.broken_endpoint import broken_endpoint
 from tests.support.servers import ROOT, running_gateway
@@ -232,8 +233,10 @@ def test_a_listing_refused_for_a_key_is_named_as_the_cause(chatgate: str):
     assert refused.returncode == 1
     assert "GET /models_available answered HTTP 401: the key was refused" in refused.stdout
     assert "lists none" not in keyless.stdout + refused.stdout
-    keyed = conformance(chatgate + "/aleph-alpha", *args, "--key", KEY)
-    assert "model: echo (named by GET /models_available)" in keyed.stdout, keyed.stdout
+    keyed = conformance(chatgate + "/azure", *args, "--key", KEY)
+    assert "model: echo (named by GET /info)" in keyed.stdout, keyed.stdout
+    # the key check's own keyless requests are answered 401 by design: not a key refused
+    assert keyed.returncode == 0 and keyed.stdout.splitlines()[-1].startswith("result: conformant")
 
 
 def test_a_gateway_with_keys_but_no_key_given_is_not_read_as_conformant(
@@ -271,6 +274,8 @@ def test_a_run_that_probed_nothing_is_never_read_as_conformant():
     assert verdict.startswith("result: NOT conformant — the features were not probed because the ovms")
     assert "every feature honoured" not in render(report) + html_page(report)
     assert report.as_json()["conformant"] is False and report.as_json()["not_tested"]
+    suite = ET.fromstring(junit(report))
+    assert suite.get("failures") == "1" and suite.find("testcase[@name='tested']/failure") is not None
     report.operation("POST /chat/completions").cases = 0
     assert render(report).splitlines()[-1] == (
         "result: NOT conformant — nothing was probed because the ovms document lists no models, "

@@ -197,6 +197,10 @@ def test_chatgates_echo_gateway_honours_every_feature_and_flags_nothing(echo: Ru
     assert echo.report["model"] == "echo"  # the first model /models lists
     suite = ET.parse(echo.files / "junit.xml").getroot()
     assert suite.get("failures") == "0" and suite.get("errors") == "0"
+    progress = echo.result.stderr.splitlines()  # each line once (stateful used to repeat its own)
+    assert any(line.startswith("  stateful ") for line in progress), progress
+    assert len(progress) == len(set(progress)), progress
+    assert "  probing the features (model echo: named by GET /models)" in progress
     page = page_text(echo.files / "report.html")
     assert "none" in page.classes and "no findings" in page.text  # not an empty table
     assert "result: conformant — every feature honoured, no failures" in page.text
