@@ -223,7 +223,7 @@ def keys_list(file: ReadKeysFile = None, config: ConfigOption = None) -> None:
         typer.echo(f"{entry['name']}\tdeployments: {deployments}\texpires: {expires}")
 
 
-@cli.command()
+@cli.command(short_help="Test a running endpoint against a dialect's document, feature by feature.")
 def conformance(
     url: Annotated[
         str,
@@ -349,7 +349,7 @@ def conformance(
     raise typer.Exit(0 if report.clean else 1)
 
 
-@cli.command()
+@cli.command(short_help="Find out which features a server honours.")
 def probe(
     url: Annotated[
         str,

@@ -33,6 +33,14 @@ def test_keys_list_reads_the_file_and_says_so():
     assert "The keys file to edit" in help_of("keys", "new")  # new and revoke do edit it
 
 
+def test_the_commands_are_listed_one_line_each():
+    """The top-level help shows each command's short help, not its whole docstring wrapped."""
+    result = CliRunner().invoke(cli, ["--help"], env={"COLUMNS": "200", "NO_COLOR": "1"})
+    lines = [line for line in result.output.splitlines() if "conformance" in line or " probe " in line]
+    assert len(lines) == 2, result.output
+    assert "Exits 0" not in result.output and "conformant, 1 when not" not in result.output
+
+
 def test_conformance_names_each_dialects_listing_for_the_model():
     text = help_of("conformance")
     assert "/models_available" in text and "/info" in text

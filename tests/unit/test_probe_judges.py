@@ -233,3 +233,25 @@ def test_a_kept_stop_string_deviates_from_the_document_and_says_so():
     anthropic = next(p for p in PROBE_SETS["anthropic"].probes if p.feature == "stop")
     kept = Answer(200, {"content": [{"type": "text", "text": "one two three four five"}]}, b"{}")
     assert anthropic.judge([kept])[0] == "deviates"
+
+
+@pytest.mark.parametrize("dialect", list(DIALECTS))
+def test_each_listing_is_a_get_of_the_dialects_document_and_reads_its_example(dialect: str):
+    """The model a conformance run names without --model comes from the operation the probe set
+    names, at the path the dialect's document gives; its reader finds the model in the document's
+    own example answer. A dialect without one has no GET that lists models, and the run says so."""
+    from gateway.http.documents import load_document
+    from gateway.tools.conformance_target import names_a_model, operation_path
+
+    probes, document = probe_set_of(dialect), load_document(DIALECTS[dialect].document)
+    assert probes is not None
+    if probes.listing is None:
+        gets = [item["get"]["operationId"] for item in document["paths"].values() if "get" in item]
+        assert not any("model" in operation.lower() for operation in gets), gets
+        assert names_a_model(dialect, document) == (dialect == "ovms")  # LMI's requests need none
+        return
+    path = operation_path(document, probes.listing.operation)
+    assert path is not None, probes.listing.operation
+    answer = document["paths"][path]["get"]["responses"]["200"]["content"]["application/json"]
+    found = probes.listing.name_of(answer["example"])
+    assert isinstance(found, str) and found
