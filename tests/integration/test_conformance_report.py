@@ -1,7 +1,8 @@
 """`chatgate conformance` as a person acts on it (issue 27): against a server that deviates as real
-ones do (tests/support/deviating_upstream.py) the feature matrix names what it ignores, the fuzzing goes
-on past the first failure and every finding has a count, a status, a bounded body and a short
-curl, in the terminal, the JSON report, JUnit XML and the HTML page; against chatgate's echo
+ones do (tests/support/deviating_upstream.py) the feature matrix names what it ignores and where it
+deviates (a stop string kept in the text), the fuzzing goes on past the first failure and every
+finding has a count, a status, its reason, a bounded body and a short curl, in the terminal, the
+JSON report, JUnit XML and the HTML page (parsed, as a reader sees it); against chatgate's echo
 gateway every feature is honoured and nothing is flagged. Runs are kept short (--max-examples)."""
 
 from __future__ import annotations
