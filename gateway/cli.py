@@ -28,9 +28,7 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 LOG_FORMATS = ("text", "json")
 ConfigOption = Annotated[
     Path | None,
-    typer.Option(
-        envvar=CONFIG_ENV, help="YAML config file (default: every dialect on echo). Env: CHATGATE_CONFIG."
-    ),
+    typer.Option(envvar=CONFIG_ENV, help="YAML config file (default: every dialect on echo)."),
 ]
 
 
@@ -145,6 +143,9 @@ KeysFile = Annotated[
     Path | None,
     typer.Option("--file", help="The keys file to edit (the config's keys_file); the gateway reloads it."),
 ]
+ReadKeysFile = Annotated[
+    Path | None, typer.Option("--file", help="The keys file to read (the config's keys_file).")
+]
 
 
 @keys_cli.command("new")
@@ -205,7 +206,7 @@ def keys_revoke(
 
 
 @keys_cli.command("list")
-def keys_list(file: KeysFile = None, config: ConfigOption = None) -> None:
+def keys_list(file: ReadKeysFile = None, config: ConfigOption = None) -> None:
     """The keys of a keys file, or of a config (with its keys file): names, deployments, expiry."""
     from gateway.config import keys_file
 
@@ -222,7 +223,7 @@ def keys_list(file: KeysFile = None, config: ConfigOption = None) -> None:
         typer.echo(f"{entry['name']}\tdeployments: {deployments}\texpires: {expires}")
 
 
-@cli.command()
+@cli.command(short_help="Test a running endpoint against a dialect's document, feature by feature.")
 def conformance(
     url: Annotated[
         str,
@@ -265,7 +266,10 @@ def conformance(
     ] = None,
     model: Annotated[
         str | None,
-        typer.Option(help="The model every chat request names (default: the first /models lists)."),
+        typer.Option(
+            help="The model every chat request names (default: the first the dialect's own listing "
+            "names: /models, Aleph Alpha's /models_available, Azure's /info, Anthropic's /v1/models)."
+        ),
     ] = None,
     timeout: Annotated[float, typer.Option(min=0.1, help="Seconds for each request's answer.")] = 30.0,
     max_time: Annotated[
@@ -297,7 +301,8 @@ def conformance(
     """Test a running endpoint: the feature probes (what it honours of n, logprobs, tools,
     response_format, stop, seed, max_tokens, streams, its error shape, auth), then every
     schemathesis check, past the first failure, plus the vendor's own document. Exits 0 when
-    conformant, 1 when not, 2 when the run cannot be made."""
+    conformant, 1 when not (a run that did not probe the features, or sent no case, is not),
+    2 when the run cannot be made."""
     import importlib.util
 
     if importlib.util.find_spec("schemathesis") is None:
@@ -344,7 +349,7 @@ def conformance(
     raise typer.Exit(0 if report.clean else 1)
 
 
-@cli.command()
+@cli.command(short_help="Find out which features a server honours.")
 def probe(
     url: Annotated[
         str,
@@ -375,7 +380,7 @@ def probe(
 ) -> None:
     """Find out which features a server honours (n, logprobs, tools, response_format, stop, seed,
     max_tokens, stream [DONE] and usage, its error shape, auth), with a few cheap requests in its
-    dialect's shape. Each ends honoured, ignored, refused or broken; a feature the dialect does
+    dialect's shape. Each ends honoured, deviates, ignored, refused or broken; a feature the dialect does
     not have is not probed. Exits 0 when the probes ran, 2 when they cannot."""
     import asyncio
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.probes import judges as j
-from gateway.probes.probe_set import ProbeSet
+from gateway.probes.probe_set import Listing, ProbeSet, first_of
 
 
 def aleph_alpha_error(body: Any) -> bool:
@@ -31,6 +31,7 @@ ALEPH_ALPHA = ProbeSet(
         j.auth_probe(),
     ),
     error_message=j.refusal_words,
+    listing=Listing("listModelsAvailable", lambda body: first_of(body, "", "name")),
     absent={
         "tools": "the aleph_alpha dialect rejects tools (400)",
         "json_object": "the aleph_alpha dialect rejects response_format (400)",

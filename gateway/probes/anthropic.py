@@ -8,7 +8,7 @@ import re
 from typing import Any
 
 from gateway.probes import judges as j
-from gateway.probes.probe_set import Answer, Judgement, Probe, ProbeSet
+from gateway.probes.probe_set import Answer, Judgement, Listing, Probe, ProbeSet, first_of
 
 TOOL = {
     "name": "get_weather",
@@ -50,7 +50,8 @@ def judge_stop(answers: list[Answer]) -> Judgement:
         return "honoured", f"cut: the text ends before the stop sequence: {j.tail(found)}"
     if re.search(r"\w", found[at + len(j.STOP) :]):
         return "ignored", f"the text goes on past the stop sequence: {j.tail(found)}"
-    return "honoured", "kept: the text ends with the stop sequence"
+    kept = "stopped, but the text keeps the stop sequence, which belongs in stop_sequence"
+    return "deviates", f"{kept}: {j.tail(found)}"
 
 
 def judge_max_tokens(answers: list[Answer]) -> Judgement:
@@ -117,6 +118,7 @@ ANTHROPIC = ProbeSet(
         Probe("auth", (plain(),), j.judge_auth, any_status=True, keyless=True),
     ),
     error_message=j.refusal_words,
+    listing=Listing("listModels", lambda body: first_of(body, "data", "id")),
     absent={
         "n": "Messages answers one message",
         "logprobs": "Messages has no logprobs",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.probes import judges as j
-from gateway.probes.probe_set import ProbeSet
+from gateway.probes.probe_set import Listing, ProbeSet
 
 API_VERSION = "2024-05-01-preview"  # the SDK's (the seed's example sends 2024-04-01-preview)
 
@@ -22,6 +22,11 @@ def azure_error(body: Any) -> bool:
     if isinstance(error, dict):  # Azure.Core's error object
         return isinstance(error.get("code"), str) and isinstance(error.get("message"), str)
     return isinstance(error, str) and isinstance(body.get("message"), str) and "status" in body
+
+
+def model_name(body: Any) -> Any:
+    """The model `/info` describes."""
+    return body.get("model_name") if isinstance(body, dict) else None
 
 
 AZURE = ProbeSet(
@@ -41,6 +46,7 @@ AZURE = ProbeSet(
         j.auth_probe(),
     ),
     error_message=j.refusal_words,
+    listing=Listing("getModelInfo", model_name, {"api-version": API_VERSION}),
     absent={
         "n": "the azure dialect has no n (one choice)",
         "logprobs": "the azure dialect has no logprobs",

@@ -5,9 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-Verdict = Literal["honoured", "ignored", "refused", "broken"]
-# honoured: the answer shows the feature at work; ignored: a 2xx answer without it; refused: a
-# 4xx naming the request wrong; broken: no usable answer (a 5xx, a timeout, a malformed body).
+Verdict = Literal["honoured", "deviates", "ignored", "refused", "broken"]
+# honoured: the answer shows the feature at work, as the document describes it; deviates: the
+# feature works, but the answer differs from what the document says of it (generation stopped at
+# the stop string, and the text keeps it); ignored: a 2xx answer without it; refused: a 4xx
+# naming the request wrong; broken: no usable answer (a 5xx, a timeout, a malformed body).
 NOT_HONOURED: frozenset[str] = frozenset({"ignored", "refused"})
 
 
@@ -26,7 +28,7 @@ class ProbeReport:
     """One probe run against one URL."""
 
     url: str
-    model: str
+    model: str | None  # None: no model named
     dialect: str
     findings: list[Finding] = field(default_factory=list)
     not_probed: dict[str, str] = field(default_factory=dict)  # features the dialect lacks: why
@@ -46,7 +48,8 @@ class ProbeReport:
     def render(self) -> str:
         """A table for people: feature, verdict, what was seen."""
         width = max((len(name) for name in [*self.verdicts(), *self.not_probed]), default=0)
-        lines = [f"{self.url} (model {self.model}, dialect {self.dialect})"]
+        model = f"model {self.model}" if self.model is not None else "no model named"
+        lines = [f"{self.url} ({model}, dialect {self.dialect})"]
         lines += [f"  {f.feature:<{width}}  {f.verdict:<8}  {f.detail}" for f in self.findings]
         lines += [
             f"  {name:<{width}}  {'n/a':<8}  not probed: {why}" for name, why in self.not_probed.items()

@@ -6,6 +6,8 @@ its document has, with its own error shape and stream framing.
 
 Where an answer cannot tell (a stop string the model never reached, a server that is
 deterministic anyway), the verdict is `honoured`: a probe narrows a deployment only on evidence.
+A feature that works but answers otherwise than the document says (a stop string kept in the
+text) `deviates`: not honoured, and it narrows nothing (a request for it is answered).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ JSON_LINES = "application/jsonlines"
 WORDS = "one two three four five six seven eight"
 REPEAT = [{"role": "user", "content": f"Repeat exactly these words and nothing else: {WORDS}"}]
 STOP = "five"
+# generation stopped there, but OpenAI's document says the returned text does not contain it
+KEPT = "stopped, but the text keeps the stop string, which the document says it leaves out"
 TOOL = {
     "type": "function",
     "function": {
@@ -162,7 +166,7 @@ def judge_stop(answers: list[Answer]) -> Judgement:
         return "honoured", f"cut: the text ends before the stop string: {tail(found)}"
     if re.search(r"\w", found[at + len(STOP) :]):
         return "ignored", f"the text goes on past the stop string: {tail(found)}"
-    return "honoured", "kept: the text ends with the stop string"
+    return "deviates", f"{KEPT}: {tail(found)}"
 
 
 def judge_seed(answers: list[Answer]) -> Judgement:

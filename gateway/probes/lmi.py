@@ -1,7 +1,8 @@
 """DJL LMI's probes: `POST /v1/chat/completions` (the base URL is the container's root, or
 chatgate's /lmi). No tools, no response_format; logprobs only with a positive top_logprobs; a
 stream is `application/jsonlines` with no end marker (its last line carries the finish reason)
-and no usage; errors are DJL Serving's `{"code": 400, "type": ..., "message": ...}`."""
+and no usage; errors are DJL Serving's `{"code": 400, "type": ..., "message": ...}`. Its
+document lists no models (a container serves one), and a request need not name one."""
 
 from __future__ import annotations
 

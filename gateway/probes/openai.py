@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.probes import judges as j
-from gateway.probes.probe_set import ProbeSet
+from gateway.probes.probe_set import Listing, ProbeSet, first_of
 
 
 def openai_error(body: Any) -> bool:
@@ -33,4 +33,5 @@ OPENAI = ProbeSet(
         j.auth_probe(),
     ),
     error_message=j.refusal_words,
+    listing=Listing("listModels", lambda body: first_of(body, "data", "id")),
 )

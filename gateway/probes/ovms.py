@@ -1,6 +1,7 @@
 """OpenVINO Model Server's probes: `POST /chat/completions` (chatgate's /v3). `n` above 1
 needs `best_of` at least as large; logprobs are the chosen token's only (no top_logprobs, which
-the document rejects, as it rejects response_format); errors are `{"error": ...}`."""
+the document rejects, as it rejects response_format); errors are `{"error": ...}`. Its document
+lists no models, and a request must name one: the probes need it given (--model)."""
 
 from __future__ import annotations
 

@@ -30,6 +30,13 @@ class Answer:
 Judge = Callable[[list[Answer]], Judgement]
 
 
+def first_of(body: Any, key: str, name: str) -> Any:
+    """`body[key][0][name]` (`key` empty: `body[0][name]`), or None where the body has none."""
+    items = body.get(key) if key and isinstance(body, dict) else body
+    head = items[0] if isinstance(items, list) and items else None
+    return head.get(name) if isinstance(head, dict) else None
+
+
 @dataclass(frozen=True, slots=True)
 class Probe:
     """One feature: the requests that try it (the model is added to each) and the judge of
@@ -44,6 +51,17 @@ class Probe:
 
 
 @dataclass(frozen=True, slots=True)
+class Listing:
+    """Where a dialect names the models a server serves: the operation of its document that
+    lists them (by operationId: its path is read from the document) and the first model's name
+    in its answer (None when the answer names none)."""
+
+    operation: str
+    name_of: Callable[[Any], Any]
+    query: Mapping[str, str] = field(default_factory=dict)  # parameters the operation needs
+
+
+@dataclass(frozen=True, slots=True)
 class ProbeSet:
     dialect: str
     path: str  # of the chat operation, below the base URL
@@ -51,6 +69,7 @@ class ProbeSet:
     probes: tuple[Probe, ...]
     error_message: Callable[[bytes], str]  # an error body's words, for a refusal's detail
     absent: Mapping[str, str] = field(default_factory=dict)  # feature → why it is not probed
+    listing: Listing | None = None  # None: the dialect's document lists no models (name one)
 
     def gate(self, answer: Answer) -> Judgement | None:
         """The verdict of an answer that is not a usable 2xx; None for one the judge reads."""

@@ -31,7 +31,7 @@ class Target:
     """Where to probe and how to reach it."""
 
     base_url: str  # where the dialect's paths begin, e.g. http://host:8000/v1
-    model: str
+    model: str | None  # None: the requests name none (a dialect whose document needs none: LMI)
     headers: Mapping[str, str] = field(default_factory=dict)  # the key among them, if any
     timeout: float = 30.0  # seconds for each probe request's whole answer
     connect: float = 5.0
@@ -44,17 +44,15 @@ async def probe(target: Target, probes: ProbeSet) -> ProbeReport:
     keyed = client(target, target.headers)
     keyless = client(target, {k: v for k, v in target.headers.items() if k.lower() not in KEY_HEADERS})
     try:
-        plain = await ask(keyed, probes.path, {"model": target.model, **probes.plain}, target.timeout)
+        named = {"model": target.model} if target.model is not None else {}
+        plain = await ask(keyed, probes.path, {**named, **probes.plain}, target.timeout)
         if (failed := probes.gate(plain)) is not None:
             where = f"{target.base_url}{probes.path}"
             raise ProbeUnavailable(f"a plain request to {where} failed: {failed[1]}", plain.status)
         findings = []
         for one in probes.probes:  # one request at a time, in order (AT_ONCE)
             sent = keyless if one.keyless else keyed
-            answers = [
-                await ask(sent, probes.path, {"model": target.model, **body}, target.timeout)
-                for body in one.bodies
-            ]
+            answers = [await ask(sent, probes.path, {**named, **body}, target.timeout) for body in one.bodies]
             gated = None if one.any_status else next(filter(None, map(probes.gate, answers)), None)
             verdict, detail = gated or one.judge(answers)
             findings.append(Finding(one.feature, verdict, detail))

@@ -36,7 +36,7 @@ from gateway.tools.conformance_target import (
     declares_security,
     dialect_of,
     features_of,
-    listed_model,
+    model_of,
     served_document,
     with_served_security,
     without_chatgate_headers,
@@ -47,10 +47,7 @@ from gateway.tools.vendor_specs import REFSPECS_HOW, VENDOR_DOCUMENTS, RefspecsE
 VENDOR_CHECK = "vendor_spec_conformance"
 RUN_EXTENSION = "x-chatgate-conformance"  # how the check learns the run's dialect: read off the document
 SPEC_FILES = {name: dialect.document for name, dialect in DIALECTS.items()}
-MISSING = (
-    "chatgate conformance needs schemathesis, a test dependency: "
-    'python -m pip install -e ".[test]"  (or: python -m pip install schemathesis)'
-)
+MISSING = "chatgate conformance needs schemathesis: pip install 'chatgate[conformance]'"
 
 
 class ConformanceUnavailable(RuntimeError):
@@ -417,20 +414,37 @@ def run(
         key_sent=bool(key),
         against=against,
         model=model,
+        model_said="--model" if model else "",
         not_served=not_served,
+        vendor_note=vendor_note(dialect, vendor.file if vendors and vendor else None),
+        budget=budget_line(max_examples, budget),
     )
-    say = progress or (lambda line: None)
+    said: set[str] = set()
+
+    def say(line: str) -> None:  # each progress line once (the stateful phase repeats its own)
+        if progress is not None and line not in said:
+            said.add(line)
+            progress(line)
+
     report.features_note = "not probed (--no-probes)"
+    report.not_tested = "--no-probes was given"
     if probe_features:
-        report.model = model or listed_model(url, request_headers, budget.timeout, dialect)
-        say(f"  probing the features (model {report.model})")
+        found = model_of(url, dialect, request_headers, budget.timeout, model)
+        report.model, report.model_said = found.name, found.said
+        if found.usable:
+            named = f"model {found.name}" if found.name else "no model named"
+            say(f"  probing the features ({named}: {found.said})")
+        else:
+            say(f"  not probing the features: {found.said}")
         try:
             report.features, report.features_note = features_of(
-                url, dialect, report.model, request_headers, budget.timeout
+                url, dialect, found, request_headers, budget.timeout
             )
+            report.not_tested = report.features_note.removeprefix("not probed: ")
         except ProbeFailed as error:
             report.features_note = f"not probed: {error}"
             report.errors.append(f"feature probes: {error}")
+            report.not_tested = str(error)
     schema = load_schema(
         dialect,
         url,
@@ -453,7 +467,9 @@ def run(
             for interaction in recorder.interactions.values():
                 if interaction.response is not None:
                     result.answers += 1
-                    result.unauthorized += interaction.response.status_code == 401
+                    result.unauthorized += interaction.response.status_code == 401 and carried(
+                        interaction.request, secrets
+                    )
             for case_id, checks in recorder.checks.items():
                 failed = {
                     check.name: check.failure_info
@@ -476,6 +492,22 @@ def run(
             report.errors.append(f"{type(event.exception).__name__}: {event.exception}")
     report.seconds = time.monotonic() - started
     return report
+
+
+def carried(request: Any, secrets: frozenset[str]) -> bool:
+    """Whether a request carried the run's key (every request does when none was given): the
+    keyless requests of the key check (ignored_auth) are answered 401 by design, and are not a
+    sign that the key was refused."""
+    if not secrets:
+        return True
+    headers = getattr(request, "headers", None) or {}
+    sent = [
+        v
+        for k, vs in headers.items()
+        if k.lower() in KEY_HEADERS
+        for v in ([vs] if isinstance(vs, str) else vs)
+    ]
+    return any(value in secrets for value in sent)
 
 
 def auth_line(
@@ -506,11 +538,22 @@ def reachable(url: str) -> None:
 # ----- the report -----------------------------------------------------------------------------
 
 
+def vendor_note(dialect: str, vendor_file: str | None) -> str:
+    """Which vendor document judged the answers, or why none did."""
+    if vendor_file:
+        return vendor_file
+    if dialect in VENDOR_DOCUMENTS:
+        return f"not found, so not checked: {REFSPECS_HOW}, or pass --refspecs DIR"
+    return "none (no machine-readable vendor document for this dialect)"
+
+
+def budget_line(max_examples: int, budget: Budget) -> str:
+    limit = f"--max-time {budget.max_time:g} s" if budget.max_time is not None else "no --max-time"
+    return (
+        f"{max_examples} examples per operation and phase; {budget.timeout:g} s a request; {limit}; "
+        f"phases {','.join(budget.phases)}"
+    )
+
+
 def render(report: Report) -> str:
-    if report.vendor_file:
-        vendor = report.vendor_file
-    elif report.dialect in VENDOR_DOCUMENTS:
-        vendor = f"not found, so not checked: {REFSPECS_HOW}, or pass --refspecs DIR"
-    else:
-        vendor = "none (no machine-readable vendor document for this dialect)"
-    return render_lines(report, vendor)
+    return render_lines(report, report.vendor_note or vendor_note(report.dialect, report.vendor_file))

@@ -97,12 +97,18 @@ class Report:
     key_sent: bool = False
     against: str = "seed"
     model: str | None = None
+    model_said: str = ""  # how the model was found (--model, a listing), or why there is none
     features: list[Feature] = field(default_factory=list)
     features_note: str = ""  # why there is no feature matrix, when there is none
     seconds: float = 0.0
     stopped: str = ""  # why the fuzzing ended before its cases did (the time budget)
     # the document's operations a server other than chatgate does not serve (404/405): not tested
     not_served: list[str] = field(default_factory=list)
+    # why the features were not probed (--no-probes, no model, the plain request failed): a run
+    # that did not probe them is not conformant, whatever the fuzzing found
+    not_tested: str = ""
+    vendor_note: str = ""  # which vendor document judged the answers, or why none did
+    budget: str = ""  # the run's budget: examples, seconds a request, --max-time, phases
 
     def operation(self, label: str) -> OperationResult:
         return self.operations.setdefault(label, OperationResult(label))
@@ -134,9 +140,20 @@ class Report:
         return self.errors + [e for op in self.operations.values() for e in op.errors]
 
     @property
+    def untested(self) -> str:
+        """Why the run cannot say the endpoint conforms though nothing failed: the features were
+        not probed, or no case was sent; empty when it tested both."""
+        if self.not_tested:
+            return f"the features were not probed because {self.not_tested}"
+        if not self.cases:
+            return "no case was sent: the fuzzing tested nothing"
+        return ""
+
+    @property
     def clean(self) -> bool:
+        """Conformant: everything was tried, and nothing failed."""
         failed = any(f.failed for f in self.features)
-        return not (self.findings or self.all_errors or failed or self.locked_out)
+        return not (self.findings or self.all_errors or failed or self.locked_out or self.untested)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -144,7 +161,11 @@ class Report:
             "dialect": self.dialect,
             "against": self.against,
             "model": self.model,
+            "model_found": self.model_said,
             "conformant": self.clean,
+            "not_tested": self.untested or None,
+            "vendor_document": self.vendor_note,
+            "budget": self.budget,
             "seconds": round(self.seconds, 1),
             "cases": self.cases,
             "features": {f.name: f.shown for f in self.features if f.probed},
@@ -154,6 +175,7 @@ class Report:
             "operations": {
                 op.label: {"cases": op.cases, "errors": op.errors} for op in self.operations.values()
             },
+            "auth": self.auth,
             "errors": self.errors,
             "stopped": self.stopped,
             "not_served": self.not_served,
@@ -184,7 +206,19 @@ def verdict_line(report: Report) -> str:
         parts.append(f"{len(report.findings)} failing check(s): {'; '.join(named)}")
     if report.all_errors:
         parts.append(f"{len(report.all_errors)} error(s)")
+    if report.untested:
+        if not report.cases and report.not_tested:
+            parts.append(f"nothing was probed because {report.not_tested}")
+        else:
+            quiet = " (and the fuzzing found no failure)" if not parts else ""
+            parts.append(report.untested + quiet)
     return f"result: NOT conformant — {' — '.join(parts)}"
+
+
+def model_text(report: Report) -> str:
+    if report.model:
+        return report.model + (f" ({report.model_said})" if report.model_said not in ("", "--model") else "")
+    return f"none ({report.model_said})" if report.model_said else "(the document’s examples)"
 
 
 def render(report: Report, vendor: str) -> str:
@@ -193,8 +227,8 @@ def render(report: Report, vendor: str) -> str:
     lines = [
         f"chatgate conformance: {report.dialect} dialect at {report.url} (against the {report.against})",
         f"  document: {report.spec_file}   vendor document: {vendor}",
-        f"  model: {report.model or '(the document’s examples)'}   max examples: {report.max_examples}"
-        f"   cases: {report.cases}   {report.seconds:.1f} s",
+        f"  model: {model_text(report)}   cases: {report.cases}   {report.seconds:.1f} s",
+        f"  budget: {report.budget or f'{report.max_examples} examples per operation and phase'}",
         *([f"  auth: {report.auth}"] if report.auth else []),
         "",
         "features:" + (f" {report.features_note}" if report.features_note else ""),
@@ -206,9 +240,7 @@ def render(report: Report, vendor: str) -> str:
     lines += ["", "operations:"]
     width = max((len(label) for label in report.operations), default=10)
     for result in report.operations.values():
-        problems = len(result.findings) + len(result.errors)
-        verdict = "ok" if not problems else f"{problems} problem{'s' * (problems > 1)}"
-        lines.append(f"  {result.label:<{width}}  {result.cases:>5} cases  {verdict}")
+        lines.append(f"  {result.label:<{width}}  {result.cases:>5} cases  {operation_verdict(result)}")
         for finding in result.findings.values():
             status = f"HTTP {finding.status}" if finding.status is not None else "no answer"
             lines.append(f"    FAILED {finding.check} ({finding.count} failing): {finding.title}; {status}")
@@ -256,6 +288,10 @@ def junit(report: Report) -> str:
     for error in report.errors:
         case = ET.SubElement(suite, "testcase", classname="run", name="run")
         ET.SubElement(case, "error", message=xml_safe(error[:300])).text = xml_safe(error)
+    if report.untested:  # nothing failed, but not everything was tried: not a pass either
+        failures += 1
+        case = ET.SubElement(suite, "testcase", classname="run", name="tested")
+        ET.SubElement(case, "failure", message=xml_safe(report.untested)).text = xml_safe(report.untested)
     suite.set("tests", str(len(suite)))
     suite.set("failures", str(failures))
     suite.set("errors", str(len(report.all_errors)))
@@ -268,31 +304,61 @@ def row_class(feature: Feature) -> str:
 
 
 def html_page(report: Report) -> str:
-    """A page with the feature matrix and the findings."""
+    """A page with every fact the terminal report carries: the run (model, vendor document,
+    budget, auth), the verdict, the feature matrix, each operation's cases and each finding with
+    why it failed, the notes (the time budget, paths not served) and the errors."""
     e = html.escape
     rows = "".join(
         f'<tr class="{row_class(f)}"><td>{e(f.name)}</td><td>{e(f.shown)}</td><td>{e(f.detail)}</td></tr>'
         for f in report.features
     )
+    features = f"<table><tr><th>feature</th><th>verdict</th><th>seen</th></tr>{rows}</table>" if rows else ""
+    operations = "".join(
+        f"<tr><td>{e(op.label)}</td><td>{op.cases}</td><td>{e(operation_verdict(op))}</td></tr>"
+        for op in report.operations.values()
+    )
     findings = "".join(
         f"<tr><td>{e(f.check)}</td><td>{e(f.operation)}</td><td>{f.count}</td><td>{f.status}</td>"
-        f"<td>{e(f.title)}<br><code>{e(f.body)}</code><pre>{e(f.curl)}</pre></td></tr>"
+        f'<td>{e(f.title)}<p class="why">{e(f.message)}</p><code>{e(f.body)}</code>'
+        f"<pre>{e(f.curl)}</pre></td></tr>"
         for f in report.findings
     )
+    notes = [report.stopped] if report.stopped else []
+    notes += [f"not served, not tested: {label}" for label in report.not_served]
     errors = "".join(f"<li>{e(error)}</li>" for error in report.all_errors)
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>chatgate conformance: {e(report.url)}</title>
 <style>body{{font-family:sans-serif}} td{{border:1px solid #ccc;padding:4px;vertical-align:top}}
 table{{border-collapse:collapse}} .bad td:nth-child(2){{color:#a00}} .good td:nth-child(2){{color:#070}}
-pre{{white-space:pre-wrap;max-width:60em}}</style></head><body>
+pre,.why{{white-space:pre-wrap;max-width:60em}}</style></head><body>
 <h1>chatgate conformance</h1>
 <p>{e(report.dialect)} dialect at <code>{e(report.url)}</code>, against the {e(report.against)};
-model {e(report.model or "-")}; {report.cases} cases in {report.seconds:.1f} s.</p>
+model {e(model_text(report))}; {report.cases} cases in {report.seconds:.1f} s.</p>
+<ul class="run"><li>document: {e(report.spec_file)}</li>
+<li>vendor document: {e(report.vendor_note or "-")}</li>
+<li>budget: {e(report.budget or f"{report.max_examples} examples per operation and phase")}</li>
+{f"<li>auth: {e(report.auth)}</li>" if report.auth else ""}</ul>
 <p><strong>{e(verdict_line(report))}</strong></p>
-<h2>Features</h2><p>{e(report.features_note)}</p>
-<table><tr><th>feature</th><th>verdict</th><th>seen</th></tr>{rows}</table>
+<h2>Features</h2>{f"<p>{e(report.features_note)}</p>" if report.features_note else ""}
+{features}
+<h2>Operations</h2>
+{
+        f"<table><tr><th>operation</th><th>cases</th><th>result</th></tr>{operations}</table>"
+        if operations
+        else "<p>no operation was tried</p>"
+    }
 <h2>Findings</h2>
-<table><tr><th>check</th><th>operation</th><th>cases</th><th>status</th><th>example</th></tr>{findings}</table>
+{
+        f"<table><tr><th>check</th><th>operation</th><th>cases</th><th>status</th><th>example</th></tr>{findings}</table>"
+        if findings
+        else '<p class="none">no findings</p>'
+    }
+{"<h2>Notes</h2><ul>" + "".join(f"<li>{e(n)}</li>" for n in notes) + "</ul>" if notes else ""}
 {f"<h2>Errors</h2><ul>{errors}</ul>" if errors else ""}
 </body></html>
 """
+
+
+def operation_verdict(result: OperationResult) -> str:
+    problems = len(result.findings) + len(result.errors)
+    return "ok" if not problems else f"{problems} problem{'s' * (problems > 1)}"

@@ -6,10 +6,12 @@ probe` probes them (gateway/probes)."""
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from typing import Any
 
 from gateway.dialects.registry import DIALECTS
-from gateway.http.documents import load_document
+from gateway.http.documents import DialectSpec, load_document
+from gateway.probes.probe_set import Listing
 from gateway.tools.conformance_examples import KEY_HEADERS
 from gateway.tools.conformance_report import NOT_PROBED, Feature
 
@@ -124,29 +126,97 @@ def asks_for_key(url: str, path: str | None, headers: dict[str, str], timeout: f
     return answer.status_code in (401, 403)
 
 
-def listed_model(url: str, headers: dict[str, str], timeout: float, dialect: str = "openai") -> str | None:
-    """The model the endpoint names: the first `<url>/models` lists (OpenAI's), or the one
-    Azure's `/info` describes; None where the dialect has no such operation (name it: --model)."""
+@dataclass(frozen=True)
+class Model:
+    """The model a run names: given, found through the dialect's own listing, or none (`said`
+    tells how it was found, or why there is none)."""
+
+    name: str | None
+    said: str
+    needed: bool = True  # the dialect's chat requests must name one (LMI's need not)
+
+    @property
+    def usable(self) -> bool:
+        return self.name is not None or not self.needed
+
+
+def operation_path(document: dict[str, Any], operation_id: str) -> str | None:
+    """The path of the GET operation `operation_id` in `document`."""
+    for path, item in document.get("paths", {}).items():
+        if isinstance(item.get("get"), dict) and item["get"].get("operationId") == operation_id:
+            return str(path)
+    return None
+
+
+def names_a_model(dialect: str, document: dict[str, Any]) -> bool:
+    """Whether the dialect's chat requests must name a model (`model` among their required)."""
+    chat = DIALECTS[dialect].chat_operations
+    spec = DialectSpec(document, frozenset())
+    for item in document.get("paths", {}).values():
+        for operation in item.values():
+            if isinstance(operation, dict) and operation.get("operationId") in chat:
+                schema = spec.request_schema(operation["operationId"])
+                return "model" in (schema.get("required") or []) if isinstance(schema, dict) else True
+    return True
+
+
+def model_of(
+    url: str, dialect: str, headers: dict[str, str], timeout: float, given: str | None = None
+) -> Model:
+    """The model the run names: `given`, else the first the dialect's own listing names (the
+    operation its probe set names, at the path its document gives: OpenAI's `/models`, Aleph
+    Alpha's `/models_available`, Azure's `/info`, Anthropic's `/v1/models`), else none and why."""
+    if given is not None:
+        return Model(given, "--model")
+    from gateway.probes.sets import probe_set_of
+
+    document = load_document(DIALECTS[dialect].document)
+    probes = probe_set_of(dialect)
+    listing = probes.listing if probes is not None else None
+    path = operation_path(document, listing.operation) if listing is not None else None
+    if listing is None or path is None:
+        if not names_a_model(dialect, document):
+            return Model(None, f"the {dialect} document lists no models, and needs none named", False)
+        return Model(
+            None,
+            f"the {dialect} document lists no models, and its chat requests must name one: pass --model NAME",
+        )
+    return listed_model(url, path, listing, headers, timeout)
+
+
+def listed_model(url: str, path: str, listing: Listing, headers: dict[str, str], timeout: float) -> Model:
+    """The first model `GET <url><path>` names; a key refused is named as the cause."""
     import httpx
 
-    from gateway.probes.azure import API_VERSION
     from gateway.tools.bounded_http import bounded
 
+    where = f"GET {path}"
     try:
-        if dialect == "azure":
-            query = {"api-version": API_VERSION}
-            info = bounded("GET", f"{url.rstrip('/')}/info", params=query, headers=headers, seconds=timeout)
-            found = info.json()["model_name"]
-        else:
-            listed = bounded("GET", url.rstrip("/") + "/models", headers=headers, seconds=timeout).json()
-            found = listed["data"][0]["id"]
-    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
-        return None
-    return found if isinstance(found, str) else None
+        answer = bounded("GET", url.rstrip("/") + path, params=dict(listing.query), headers=headers,
+                         seconds=timeout)  # fmt: skip
+    except httpx.HTTPError as error:
+        return Model(None, f"{where} failed ({type(error).__name__}): pass --model")
+    if answer.status_code in (401, 403):
+        keyed = any(name.lower() in KEY_HEADERS for name in headers)
+        why = (
+            "the key was refused: pass one this server takes (--key KEY, or --header 'api-key: KEY')"
+            if keyed
+            else "a key is needed: pass --key KEY (or --header 'Authorization: Bearer …')"
+        )
+        return Model(None, f"{where} answered HTTP {answer.status_code}: {why}")
+    if answer.status_code != 200:
+        return Model(None, f"{where} answered HTTP {answer.status_code}: pass --model")
+    try:
+        found = listing.name_of(answer.json())
+    except ValueError:
+        found = None
+    if not isinstance(found, str) or not found:
+        return Model(None, f"{where} names no model: pass --model")
+    return Model(found, f"named by {where}")
 
 
 def features_of(
-    url: str, dialect: str, model: str | None, headers: dict[str, str], timeout: float
+    url: str, dialect: str, model: Model, headers: dict[str, str], timeout: float
 ) -> tuple[list[Feature], str]:
     """The dialect's feature probes (gateway/probes, as `chatgate probe` runs them): the
     matrix, or none and why."""
@@ -159,10 +229,10 @@ def features_of(
     probes = probe_set_of(dialect)
     if probes is None:
         return [], f"not probed: the {dialect} dialect names no probe set"
-    if model is None:
-        return [], "not probed: name the model with --model (the server lists none at /models)"
+    if not model.usable:
+        return [], f"not probed: {model.said}"
     try:
-        found = asyncio.run(probe(Target(url.rstrip("/"), model, headers, timeout), probes))
+        found = asyncio.run(probe(Target(url.rstrip("/"), model.name, headers, timeout), probes))
     except ProbeUnavailable as error:
         raise ProbeFailed(str(error)) from None
     features = [Feature(f.feature, f.verdict, f.detail) for f in found.findings]

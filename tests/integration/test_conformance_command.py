@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import yaml
 from gateway.policy.auth import new_key
 from gateway.probes.sets import PROBE_SETS
 from gateway.tools.conformance import Report, render
+from gateway.tools.conformance_report import Feature, html_page, junit
 from gateway.tools.vendor_specs import VENDOR_DOCUMENTS
 from tests.support.broken_endpoint import broken_endpoint
 from tests.support.servers import ROOT, running_gateway
@@ -183,6 +185,60 @@ def test_the_readme_command_against_the_default_open_gateway_is_conformant(
         assert re.search(rf"^  {feature} +n/a +not probed: ", result.stdout, re.MULTILINE), result.stdout
 
 
+EVERY_MOUNT = {**ALL_MOUNTS, "anthropic": "/anthropic"}
+# the model each mount's own listing names (OVMS's document has none, and needs one named; LMI's
+# has none, and needs none)
+LISTED = {"openai": "echo", "azure": "echo", "aleph_alpha": "echo", "anthropic": "echo", "lmi": None}
+
+
+@pytest.mark.parametrize("dialect", list(EVERY_MOUNT))
+def test_without_model_every_feature_is_probed_or_the_run_says_plainly_it_was_not(
+    gateway_url: str, dialect: str, tmp_path: Path
+):
+    """The echo gateway's default config, no --model: the model is found through the dialect's own
+    listing (/models, /models_available, /info, /v1/models) and every feature of the dialect is
+    probed; where the document lists none and needs one named (OVMS), the run says so and is not
+    conformant, in the terminal, the JSON, the page and the exit code."""
+    report, page = tmp_path / "report.json", tmp_path / "report.html"
+    result = conformance(
+        gateway_url + EVERY_MOUNT[dialect], "--max-examples", "1", "--phases", "examples",
+        "--report", str(report), "--html", str(page),
+    )  # fmt: skip
+    found, verdict = json.loads(report.read_text()), result.stdout.splitlines()[-1]
+    if dialect not in LISTED:
+        assert result.returncode == 1, result.stdout + result.stderr
+        assert verdict.startswith(
+            f"result: NOT conformant — the features were not probed because the {dialect} document "
+            "lists no models, and its chat requests must name one: pass --model NAME"
+        ), verdict
+        assert found["conformant"] is False and found["features"] == {} and found["not_tested"]
+        assert verdict in page.read_text() and "every feature honoured" not in page.read_text()
+        return
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert found["model"] == LISTED[dialect] and found["not_tested"] is None
+    assert found["features"] == {
+        p.feature: "open" if p.feature == "auth" else "honoured" for p in PROBE_SETS[dialect].probes
+    }
+    assert "(model None)" not in result.stderr and "probing the features (" in result.stderr
+
+
+def test_a_listing_refused_for_a_key_is_named_as_the_cause(chatgate: str):
+    """A keyed gateway's listing answers 401: the run says a key is needed (or was refused), not
+    that the server lists no model."""
+    args = ("--max-examples", "1", "--phases", "examples")
+    keyless = conformance(chatgate + "/azure", *args)
+    assert keyless.returncode == 1
+    assert "GET /info answered HTTP 401: a key is needed: pass --key KEY" in keyless.stdout
+    refused = conformance(chatgate + "/aleph-alpha", *args, "--key", "cg-not-a-key")
+    assert refused.returncode == 1
+    assert "GET /models_available answered HTTP 401: the key was refused" in refused.stdout
+    assert "lists none" not in keyless.stdout + refused.stdout
+    keyed = conformance(chatgate + "/azure", *args, "--key", KEY)
+    assert "model: echo (named by GET /info)" in keyed.stdout, keyed.stdout
+    # the key check's own keyless requests are answered 401 by design: not a key refused
+    assert keyed.returncode == 0 and keyed.stdout.splitlines()[-1].startswith("result: conformant")
+
+
 def test_a_gateway_with_keys_but_no_key_given_is_not_read_as_conformant(
     chatgate: str, refspecs_dir: Path | None
 ):
@@ -202,10 +258,32 @@ def test_a_gateway_with_keys_but_no_key_given_is_not_read_as_conformant(
 def test_a_locked_out_run_is_not_clean():
     report = Report("openai", "http://x/v1", "openapi/openai.yaml", vendor_file=None, max_examples=1)
     result = report.operation("POST /chat/completions")
-    result.answers, result.unauthorized = 10, 6
+    result.cases, result.answers, result.unauthorized = 10, 10, 6
     assert not report.clean and report.locked_out
     result.unauthorized = 2  # the probes of the key check, among real answers
     assert report.clean
+
+
+def test_a_run_that_probed_nothing_is_never_read_as_conformant():
+    """No failure, but the features were not probed, or no case was sent: not conformant, and
+    the verdict says why, in the terminal, the JSON and the page."""
+    report = Report("ovms", "http://x/v3", "openapi/ovms.yaml", vendor_file=None, max_examples=1)
+    report.operation("POST /chat/completions").cases = 3
+    report.not_tested = "the ovms document lists no models, and its chat requests must name one"
+    verdict = render(report).splitlines()[-1]
+    assert verdict.startswith("result: NOT conformant — the features were not probed because the ovms")
+    assert "every feature honoured" not in render(report) + html_page(report)
+    assert report.as_json()["conformant"] is False and report.as_json()["not_tested"]
+    suite = ET.fromstring(junit(report))
+    assert suite.get("failures") == "1" and suite.find("testcase[@name='tested']/failure") is not None
+    report.operation("POST /chat/completions").cases = 0
+    assert render(report).splitlines()[-1] == (
+        "result: NOT conformant — nothing was probed because the ovms document lists no models, "
+        "and its chat requests must name one"
+    )
+    report.not_tested = ""
+    report.features = [Feature("n", "honoured")]
+    assert "no case was sent" in render(report).splitlines()[-1] and not report.clean
 
 
 def test_stream_payloads_are_cut_only_where_sse_ends_a_line():

@@ -1,7 +1,8 @@
 """`chatgate conformance` as a person acts on it (issue 27): against a server that deviates as real
-ones do (tests/support/deviating_upstream.py) the feature matrix names what it ignores, the fuzzing goes
-on past the first failure and every finding has a count, a status, a bounded body and a short
-curl, in the terminal, the JSON report, JUnit XML and the HTML page; against chatgate's echo
+ones do (tests/support/deviating_upstream.py) the feature matrix names what it ignores and where it
+deviates (a stop string kept in the text), the fuzzing goes on past the first failure and every
+finding has a count, a status, its reason, a bounded body and a short curl, in the terminal, the
+JSON report, JUnit XML and the HTML page (parsed, as a reader sees it); against chatgate's echo
 gateway every feature is honoured and nothing is flagged. Runs are kept short (--max-examples)."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import subprocess
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from dataclasses import dataclass
+from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +31,7 @@ DEVIATING_FEATURES = {
     "tools": "ignored",
     "json_object": "ignored",
     "json_schema": "ignored",
-    "stop": "honoured",  # kept in the text, as some servers do
+    "stop": "deviates",  # stopped, but kept in the text, as some servers do: not as documented
     "seed": "honoured",
     "max_tokens": "honoured",
     "stream_done": "ignored",
@@ -80,7 +82,8 @@ def test_the_feature_matrix_names_what_a_deviating_server_ignores(deviating: Run
     lines = deviating.result.stdout.splitlines()
     for feature, verdict in DEVIATING_FEATURES.items():
         assert any(line.split()[:2] == [feature, verdict] for line in lines), (feature, verdict)
-    assert "8 feature(s) not honoured: n, logprobs, tools" in lines[-1]
+    assert "9 feature(s) not honoured: n, logprobs, tools, json_object, json_schema, stop," in lines[-1]
+    assert any(line.split()[:2] == ["stop", "deviates"] and "keeps the stop string" in line for line in lines)
 
 
 def test_the_fuzzing_goes_on_past_the_first_failure_and_counts_it(deviating: Run):
@@ -126,11 +129,64 @@ def test_junit_and_html_carry_the_features_and_findings(deviating: Run):
     suite = ET.parse(deviating.files / "junit.xml").getroot()
     failed = {case.get("name") for case in suite.iter("testcase") if case.find("failure") is not None}
     assert {"n", "tools", "stream_done", "error_shape", "POST /chat/completions"} <= failed
-    assert "stop" not in failed and "auth" not in failed
-    assert int(suite.get("failures", "0")) >= 8 + len(deviating.report["findings"]) - 1
+    assert "stop" in failed and "auth" not in failed  # the stop string kept: a deviation
+    assert int(suite.get("failures", "0")) >= 9 + len(deviating.report["findings"]) - 1
     page = (deviating.files / "report.html").read_text()
     assert "<td>json_schema</td><td>ignored</td>" in page
     assert "response_schema_conformance" in page and "NOT conformant" in page
+
+
+class PageText(HTMLParser):
+    """A page's text as a reader sees it (tags gone, entities decoded), whitespace folded, and
+    the text of each element of a class."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.parts: list[str] = []
+        self.classes: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.classes += [value for name, value in attrs if name == "class" and value]
+        self.parts.append(" ")
+
+    def handle_data(self, data: str) -> None:
+        self.parts.append(data)
+
+    @property
+    def text(self) -> str:
+        return " ".join("".join(self.parts).split())
+
+
+def page_text(path: Path) -> PageText:
+    page = PageText()
+    page.feed(path.read_text(encoding="utf-8"))
+    return page
+
+
+def folded(text: str) -> str:
+    return " ".join(text.split())
+
+
+def test_the_html_of_a_failing_run_carries_every_fact_the_json_carries(deviating: Run):
+    """Each finding's reason (a schema finding's "... is a required property", not only "Response
+    violates schema"), the vendor document's status, each operation's case count, the budget,
+    the paths not served and the verdict: what the terminal and JSON say, the page says too."""
+    page = page_text(deviating.files / "report.html")
+    report = deviating.report
+    assert report["findings"]
+    for finding in report["findings"]:
+        example = finding["example"]
+        assert folded(example["title"]) in page.text
+        assert folded(example["message"]) in page.text, (finding["check"], example["message"][:200])
+    assert any("is a required property" in f["example"]["message"] for f in report["findings"])
+    assert f"vendor document: {report['vendor_document']}" in page.text
+    for label, operation in report["operations"].items():
+        assert f"{label} {operation['cases']} " in page.text, label
+    assert f"budget: {report['budget']}" in page.text and "3 examples per operation" in page.text
+    assert report["not_served"]
+    assert all(f"not served, not tested: {label}" in page.text for label in report["not_served"])
+    assert deviating.result.stdout.splitlines()[-1] in page.text  # the verdict, word for word
+    assert "no findings" not in page.text
 
 
 def test_chatgates_echo_gateway_honours_every_feature_and_flags_nothing(echo: Run):
@@ -142,6 +198,13 @@ def test_chatgates_echo_gateway_honours_every_feature_and_flags_nothing(echo: Ru
     assert echo.report["model"] == "echo"  # the first model /models lists
     suite = ET.parse(echo.files / "junit.xml").getroot()
     assert suite.get("failures") == "0" and suite.get("errors") == "0"
+    progress = echo.result.stderr.splitlines()  # each line once (stateful used to repeat its own)
+    assert any(line.startswith("  stateful ") for line in progress), progress
+    assert len(progress) == len(set(progress)), progress
+    assert "  probing the features (model echo: named by GET /models)" in progress
+    page = page_text(echo.files / "report.html")
+    assert "none" in page.classes and "no findings" in page.text  # not an empty table
+    assert "result: conformant — every feature honoured, no failures" in page.text
 
 
 @pytest.mark.parametrize(
@@ -197,7 +260,7 @@ def test_a_server_that_asks_for_a_key_is_held_to_it_and_a_500_for_none_is_flagge
     assert report["features"]["auth"] == "broken"
     assert broken.returncode == 1
     assert (
-        "9 feature(s) not honoured: n, logprobs, tools, json_object, json_schema, stream_done, "
+        "10 feature(s) not honoured: n, logprobs, tools, json_object, json_schema, stop, stream_done, "
         "stream_usage, error_shape, auth —" in broken.stdout.splitlines()[-1]
     )
 
@@ -220,3 +283,9 @@ def test_the_time_budget_ends_the_fuzzing_and_the_report_says_so(tmp_path: Path)
     assert report["stopped"].startswith("the fuzzing stopped at --max-time (1 s)")
     assert "NOTE the fuzzing stopped at --max-time" in result.stdout
     assert report["features"] == {} and "features: not probed (--no-probes)" in result.stdout
+    page = page_text(tmp_path / "report.html")
+    assert "the fuzzing stopped at --max-time (1 s)" in page.text
+    assert "--max-time 1 s" in page.text  # the budget
+    # the features were left out: whatever the fuzzing found, the run is not read as conformant
+    assert result.returncode == 1 and report["conformant"] is False
+    assert report["not_tested"] == "the features were not probed because --no-probes was given"

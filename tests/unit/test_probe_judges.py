@@ -54,7 +54,7 @@ CASES = [
     ("json_object", [completion("Hello!")], "ignored"),
     # stop: cut, kept, or run past
     ("stop", [completion("one two three four ")], "honoured"),
-    ("stop", [completion("one two three four five")], "honoured"),
+    ("stop", [completion("one two three four five")], "deviates"),  # stopped, but kept in the text
     ("stop", [completion("one two three four five six")], "ignored"),
     ("seed", [completion("a"), completion("b")], "ignored"),
     ("max_tokens", [completion("one two three four five six", finish_reason="stop")], "ignored"),
@@ -106,10 +106,12 @@ def test_a_feature_not_honoured_is_a_422_naming_its_parameter(feature: str, fiel
 
 
 def test_only_evidence_narrows():
-    """Honoured, broken (a timeout proves nothing) and the features a request cannot ask for
-    (auth, the stream's [DONE]) leave the capabilities as declared."""
+    """Honoured, broken (a timeout proves nothing), deviates (a stop string kept: the request is
+    still answered) and the features a request cannot ask for (auth, the stream's [DONE]) leave
+    the capabilities as declared."""
     findings = [
         Finding("n", "honoured"),
+        Finding("stop", "deviates"),
         Finding("tools", "broken"),
         Finding("auth", "ignored"),
         Finding("stream_done", "ignored"),
@@ -220,3 +222,36 @@ def test_azure_core_error_object_is_azures_shape_too():
     no_code = {"error": {"message": "messages: not a list"}}
     verdict, _ = dialect_judged("azure", "error_shape", Answer(400, no_code, orjson.dumps(no_code)))
     assert verdict == "broken"
+
+
+def test_a_kept_stop_string_deviates_from_the_document_and_says_so():
+    """Generation stopped at the stop string, but the text keeps it, where OpenAI's document says
+    the returned text leaves it out: not honoured, its own verdict, with what was seen."""
+    verdict, detail = judged("stop", completion("one two three four five"))
+    assert verdict == "deviates"
+    assert "keeps the stop string" in detail and "four five" in detail
+    anthropic = next(p for p in PROBE_SETS["anthropic"].probes if p.feature == "stop")
+    kept = Answer(200, {"content": [{"type": "text", "text": "one two three four five"}]}, b"{}")
+    assert anthropic.judge([kept])[0] == "deviates"
+
+
+@pytest.mark.parametrize("dialect", list(DIALECTS))
+def test_each_listing_is_a_get_of_the_dialects_document_and_reads_its_example(dialect: str):
+    """The model a conformance run names without --model comes from the operation the probe set
+    names, at the path the dialect's document gives; its reader finds the model in the document's
+    own example answer. A dialect without one has no GET that lists models, and the run says so."""
+    from gateway.http.documents import load_document
+    from gateway.tools.conformance_target import names_a_model, operation_path
+
+    probes, document = probe_set_of(dialect), load_document(DIALECTS[dialect].document)
+    assert probes is not None
+    if probes.listing is None:
+        gets = [item["get"]["operationId"] for item in document["paths"].values() if "get" in item]
+        assert not any("model" in operation.lower() for operation in gets), gets
+        assert names_a_model(dialect, document) == (dialect == "ovms")  # LMI's requests need none
+        return
+    path = operation_path(document, probes.listing.operation)
+    assert path is not None, probes.listing.operation
+    answer = document["paths"][path]["get"]["responses"]["200"]["content"]["application/json"]
+    found = probes.listing.name_of(answer["example"])
+    assert isinstance(found, str) and found
