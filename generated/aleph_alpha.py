@@ -29,29 +29,6 @@ class ChatRequestImagePart(TypedDict):
     image_url: ImageUrl
 
 
-class JsonSchema(TypedDict):
-    name: str
-    description: NotRequired[str | None]
-    strict: NotRequired[bool | None]
-    schema: dict[str, Any]
-
-
-class ResponseFormat(TypedDict):
-    """
-    The format the output must have: `{"type": "json_schema", "json_schema": {...}}` asks for JSON that conforms to the given schema (structured output). A backend without it answers 422 naming `response_format`.
-    """
-
-    type: Literal["json_schema"]
-    json_schema: JsonSchema
-
-
-class FunctionObject(TypedDict):
-    name: str
-    description: NotRequired[str]
-    parameters: NotRequired[dict[str, Any]]
-    strict: NotRequired[bool | None]
-
-
 class Function(TypedDict):
     name: str
 
@@ -150,16 +127,51 @@ class ChatStreamChunkEvent(TypedDict):
     data: Literal["[DONE]"] | str
 
 
+Logprobs: TypeAlias = bool
+
+
+ChatRequestN: TypeAlias = int
+
+
+Stream: TypeAlias = bool
+
+
+Temperature: TypeAlias = float
+
+
+TopP: TypeAlias = float
+
+
+ResponseFormatStrict: TypeAlias = bool | None
+
+
+FunctionObjectStrict: TypeAlias = bool | None
+
+
 ChatRequestContentPart: TypeAlias = ChatRequestTextPart | ChatRequestImagePart
 
 
-class ChatRequestTool(TypedDict):
+class JsonSchema(TypedDict):
+    name: str
+    description: NotRequired[str | None]
+    strict: NotRequired[ResponseFormatStrict | None]
+    schema: dict[str, Any]
+
+
+class ResponseFormat(TypedDict):
     """
-    A function the model may call.
+    The format the output must have: `{"type": "json_schema", "json_schema": {...}}` asks for JSON that conforms to the given schema (structured output). A backend without it answers 422 naming `response_format`.
     """
 
-    type: Literal["function"]
-    function: FunctionObject
+    type: Literal["json_schema"]
+    json_schema: JsonSchema
+
+
+class FunctionObject(TypedDict):
+    name: str
+    description: NotRequired[str]
+    parameters: NotRequired[dict[str, Any]]
+    strict: NotRequired[FunctionObjectStrict | None]
 
 
 class ChatStreamDelta(TypedDict):
@@ -191,6 +203,15 @@ class ChatRequestMessage(TypedDict):
     name: NotRequired[Any]
 
 
+class ChatRequestTool(TypedDict):
+    """
+    A function the model may call.
+    """
+
+    type: Literal["function"]
+    function: FunctionObject
+
+
 class ChatResponseLogprobs(TypedDict):
     """
     Log-probability information for the choice (when `logprobs` was requested); null when not requested and at the end of a completion stream.
@@ -208,20 +229,20 @@ class ChatRequest(TypedDict):
     model: str
     frequency_penalty: NotRequired[float]
     logit_bias: NotRequired[dict[str, float] | None]
-    logprobs: NotRequired[bool]
+    logprobs: NotRequired[Logprobs]
     top_logprobs: NotRequired[int]
     max_tokens: NotRequired[int]
     maximum_tokens: NotRequired[int]
-    n: NotRequired[int]
+    n: NotRequired[ChatRequestN]
     presence_penalty: NotRequired[float]
     response_format: NotRequired[ResponseFormat]
     seed: NotRequired[Any]
     service_tier: NotRequired[Any]
     stop: NotRequired[str | list[str]]
-    stream: NotRequired[bool]
+    stream: NotRequired[Stream]
     stream_options: NotRequired[StreamOptions]
-    temperature: NotRequired[float]
-    top_p: NotRequired[float]
+    temperature: NotRequired[Temperature]
+    top_p: NotRequired[TopP]
     steering_concepts: NotRequired[list[Any]]
     top_k: NotRequired[int]
     tools: NotRequired[list[ChatRequestTool]]

@@ -48,17 +48,6 @@ class ChatCompletionsResponseFormatJsonObject(TypedDict):
     type: Literal["json_object"]
 
 
-class ChatCompletionsResponseFormatJsonSchemaDefinition(TypedDict):
-    """
-    The schema the answer must follow, and its metadata.
-    """
-
-    name: str
-    schema: dict[str, Any]
-    description: NotRequired[str]
-    strict: NotRequired[bool]
-
-
 ToolType: TypeAlias = Literal["function"]
 
 
@@ -114,9 +103,6 @@ class FunctionCallUpdate(TypedDict):
 
     name: NotRequired[str]
     arguments: NotRequired[str]
-
-
-NullValue: TypeAlias = None
 
 
 ModelType: TypeAlias = Literal[
@@ -211,6 +197,24 @@ class StreamingChatCompletionsUpdateEvent(TypedDict):
     data: Literal["[DONE]"] | str
 
 
+FrequencyPenalty: TypeAlias = float
+
+
+PresencePenalty: TypeAlias = float
+
+
+Temperature: TypeAlias = float
+
+
+TopP: TypeAlias = float
+
+
+Stream: TypeAlias = bool
+
+
+JsonSchemaStrict: TypeAlias = bool
+
+
 class ChatCompletionMessageContentPart(TypedDict):
     """
     A content part as the seed writes it.
@@ -230,13 +234,15 @@ class ChatMessageImageUrl(TypedDict):
     detail: NotRequired[ChatMessageImageDetailLevel]
 
 
-class ChatCompletionsResponseFormatJsonSchema(TypedDict):
+class ChatCompletionsResponseFormatJsonSchemaDefinition(TypedDict):
     """
-    Structured output following a JSON schema.
+    The schema the answer must follow, and its metadata.
     """
 
-    type: Literal["json_schema"]
-    json_schema: ChatCompletionsResponseFormatJsonSchemaDefinition
+    name: str
+    schema: dict[str, Any]
+    description: NotRequired[str]
+    strict: NotRequired[JsonSchemaStrict]
 
 
 class ChatCompletionsToolDefinition(TypedDict):
@@ -273,7 +279,7 @@ class ChatResponseMessage(TypedDict):
     """
 
     role: ChatRole
-    content: str | NullValue
+    content: str | None
     tool_calls: NotRequired[list[ChatCompletionsToolCall]]
 
 
@@ -327,11 +333,13 @@ class ChatMessageImageContentItem(TypedDict):
     image_url: ChatMessageImageUrl
 
 
-ChatCompletionsResponseFormat: TypeAlias = (
-    ChatCompletionsResponseFormatText
-    | ChatCompletionsResponseFormatJsonObject
-    | ChatCompletionsResponseFormatJsonSchema
-)
+class ChatCompletionsResponseFormatJsonSchema(TypedDict):
+    """
+    Structured output following a JSON schema.
+    """
+
+    type: Literal["json_schema"]
+    json_schema: ChatCompletionsResponseFormatJsonSchemaDefinition
 
 
 ChatCompletionsToolChoice: TypeAlias = (
@@ -363,6 +371,13 @@ ChatMessageContentItem: TypeAlias = (
     ChatMessageTextContentItem
     | ChatMessageImageContentItem
     | ChatCompletionMessageContentPart
+)
+
+
+ChatCompletionsResponseFormat: TypeAlias = (
+    ChatCompletionsResponseFormatText
+    | ChatCompletionsResponseFormatJsonObject
+    | ChatCompletionsResponseFormatJsonSchema
 )
 
 
@@ -409,7 +424,7 @@ class StreamingChatCompletionsUpdate(TypedDict):
     model: str
     system_fingerprint: NotRequired[str | None]
     choices: list[StreamingChatChoiceUpdate]
-    usage: NotRequired[CompletionsUsage | NullValue]
+    usage: NotRequired[CompletionsUsage | None]
 
 
 class ChatRequestAssistantMessage(TypedDict):
@@ -470,13 +485,13 @@ class ChatCompletionsOptions(TypedDict):
     """
 
     messages: list[ChatRequestMessage]
-    frequency_penalty: NotRequired[float]
-    presence_penalty: NotRequired[float]
-    temperature: NotRequired[float]
-    top_p: NotRequired[float]
+    frequency_penalty: NotRequired[FrequencyPenalty]
+    presence_penalty: NotRequired[PresencePenalty]
+    temperature: NotRequired[Temperature]
+    top_p: NotRequired[TopP]
     max_tokens: NotRequired[int | None]
     stop: NotRequired[str | list[str]]
-    stream: NotRequired[bool]
+    stream: NotRequired[Stream]
     stream_options: NotRequired[StreamOptions | None]
     response_format: NotRequired[ChatCompletionsResponseFormat]
     tools: NotRequired[list[ChatCompletionsToolDefinition]]

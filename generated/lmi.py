@@ -81,6 +81,30 @@ class ErrorResponse(TypedDict):
     message: str
 
 
+FrequencyPenalty: TypeAlias = float | None
+
+
+ChatCompletionRequestLogprobs: TypeAlias = bool | None
+
+
+ChatCompletionRequestN: TypeAlias = int | None
+
+
+PresencePenalty: TypeAlias = float | None
+
+
+Stream: TypeAlias = bool | None
+
+
+Temperature: TypeAlias = float | None
+
+
+TopP: TypeAlias = float | None
+
+
+IgnoreEos: TypeAlias = bool
+
+
 ContentPart: TypeAlias = TextContentPart | ImageContentPart
 
 
@@ -126,20 +150,20 @@ class ChatCompletionRequest(TypedDict):
 
     messages: list[Message]
     model: NotRequired[str | None]
-    frequency_penalty: NotRequired[float | None]
+    frequency_penalty: NotRequired[FrequencyPenalty | None]
     logit_bias: NotRequired[dict[str, float] | None]
-    logprobs: NotRequired[bool | None]
+    logprobs: NotRequired[ChatCompletionRequestLogprobs | None]
     top_logprobs: NotRequired[int | None]
     max_tokens: NotRequired[int | None]
-    n: NotRequired[int | None]
-    presence_penalty: NotRequired[float | None]
+    n: NotRequired[ChatCompletionRequestN | None]
+    presence_penalty: NotRequired[PresencePenalty | None]
     seed: NotRequired[int | None]
     stop: NotRequired[str | list[str] | None]
-    stream: NotRequired[bool | None]
-    temperature: NotRequired[float | None]
-    top_p: NotRequired[float | None]
+    stream: NotRequired[Stream | None]
+    temperature: NotRequired[Temperature | None]
+    top_p: NotRequired[TopP | None]
     user: NotRequired[str | None]
-    ignore_eos: NotRequired[bool]
+    ignore_eos: NotRequired[IgnoreEos]
 
 
 class Choice(TypedDict):

@@ -28,15 +28,6 @@ class UserLocation(TypedDict):
     approximate: Approximate
 
 
-class WebSearchOptions(TypedDict):
-    """
-    Web search before answering. Passed to a backend that takes it, else 422.
-    """
-
-    user_location: NotRequired[UserLocation | None]
-    search_context_size: NotRequired[Literal["low", "medium", "high"]]
-
-
 class ChatCompletionRequestAssistantMessageAudio(TypedDict):
     """
     Refers to an earlier audio answer of the model.
@@ -64,11 +55,6 @@ class ChatCompletionRequestFunctionMessage(TypedDict):
     name: str
 
 
-class ImageUrl(TypedDict):
-    url: str
-    detail: NotRequired[Literal["auto", "low", "high"]]
-
-
 class InputAudio(TypedDict):
     data: str
     format: Literal["wav", "mp3"]
@@ -78,14 +64,6 @@ class File(TypedDict):
     filename: NotRequired[str]
     file_data: NotRequired[str]
     file_id: NotRequired[str]
-
-
-class PromptCacheBreakpoint(TypedDict):
-    """
-    Marks the end of a reusable prompt prefix (OpenAI's prompt caching).
-    """
-
-    mode: Literal["explicit"]
 
 
 class ChatCompletionRequestMessageContentPartRefusal(TypedDict):
@@ -429,18 +407,6 @@ class Reasoning(TypedDict):
     generate_summary: NotRequired[Literal["auto", "concise", "detailed"] | None]
 
 
-class TextResponseFormatJsonSchema(TypedDict):
-    """
-    JSON output that follows `schema`.
-    """
-
-    type: Literal["json_schema"]
-    name: str
-    description: NotRequired[str]
-    schema: ResponseFormatJsonSchemaSchema
-    strict: NotRequired[bool | None]
-
-
 class InputTextContent(TypedDict):
     """
     Text input.
@@ -621,7 +587,7 @@ class IncompleteDetails(TypedDict):
     reason: NotRequired[Literal["max_output_tokens", "content_filter"]]
 
 
-class ResponseError(TypedDict):
+class ResponseFailure(TypedDict):
     """
     Why the response failed.
     """
@@ -785,53 +751,116 @@ class ResponseErrorEvent(TypedDict):
     sequence_number: int
 
 
-class ChatCompletionRequestMessageContentPartText(TypedDict):
+CreateChatCompletionRequestStore: TypeAlias = bool | None
+
+
+ReasoningEffort: TypeAlias = (
+    Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None
+)
+
+
+FrequencyPenalty: TypeAlias = float | None
+
+
+LogitBias: TypeAlias = dict[str, int]
+"""
+Maps token ids to a bias from -100 (ban) to 100 (force) added to their logits.
+"""
+
+
+Logprobs: TypeAlias = bool | None
+
+
+CreateChatCompletionRequestN: TypeAlias = int | None
+
+
+PresencePenalty: TypeAlias = float | None
+
+
+CreateChatCompletionRequestServiceTier: TypeAlias = (
+    Literal["auto", "default", "flex", "scale", "priority", "fast"] | None
+)
+
+
+Verbosity: TypeAlias = Literal["low", "medium", "high"] | None
+
+
+CreateChatCompletionRequestStream: TypeAlias = bool | None
+
+
+CreateChatCompletionRequestTemperature: TypeAlias = float | None
+
+
+CreateChatCompletionRequestTopP: TypeAlias = float | None
+
+
+CreateChatCompletionRequestParallelToolCalls: TypeAlias = bool
+
+
+PromptCacheBreakpointMode: TypeAlias = Literal["explicit"]
+
+
+ImageDetail: TypeAlias = Literal["auto", "low", "high"]
+
+
+ResponseFormatJsonSchemaStrict: TypeAlias = bool | None
+
+
+SearchContextSize: TypeAlias = Literal["low", "medium", "high"]
+
+
+FunctionObjectStrict: TypeAlias = bool | None
+
+
+CreateResponseStore: TypeAlias = bool | None
+
+
+CreateResponseStream: TypeAlias = bool | None
+
+
+CreateResponseParallelToolCalls: TypeAlias = bool | None
+
+
+CreateResponseTemperature: TypeAlias = float | None
+
+
+CreateResponseTopP: TypeAlias = float | None
+
+
+Truncation: TypeAlias = Literal["auto", "disabled"] | None
+
+
+CreateResponseServiceTier: TypeAlias = (
+    Literal["auto", "default", "flex", "scale", "priority", "fast", "ultrafast"] | None
+)
+
+
+Background: TypeAlias = bool | None
+
+
+TextResponseFormatJsonSchemaStrict: TypeAlias = bool | None
+
+
+class WebSearchOptions(TypedDict):
     """
-    A text part.
+    Web search before answering. Passed to a backend that takes it, else 422.
     """
 
-    type: Literal["text"]
-    text: str
-    prompt_cache_breakpoint: NotRequired[PromptCacheBreakpoint]
+    user_location: NotRequired[UserLocation | None]
+    search_context_size: NotRequired[SearchContextSize]
 
 
-class ChatCompletionRequestMessageContentPartImage(TypedDict):
+class ImageUrl(TypedDict):
+    url: str
+    detail: NotRequired[ImageDetail]
+
+
+class PromptCacheBreakpoint(TypedDict):
     """
-    An image part.
-    """
-
-    type: Literal["image_url"]
-    image_url: ImageUrl
-    prompt_cache_breakpoint: NotRequired[PromptCacheBreakpoint]
-
-
-class ChatCompletionRequestMessageContentPartAudio(TypedDict):
-    """
-    An audio part.
+    Marks the end of a reusable prompt prefix (OpenAI's prompt caching).
     """
 
-    type: Literal["input_audio"]
-    input_audio: InputAudio
-    prompt_cache_breakpoint: NotRequired[PromptCacheBreakpoint]
-
-
-class ChatCompletionRequestMessageContentPartFile(TypedDict):
-    """
-    A file part (OpenAI's current document): an uploaded file's id, or the file itself.
-    """
-
-    type: Literal["file"]
-    file: File
-    prompt_cache_breakpoint: NotRequired[PromptCacheBreakpoint]
-
-
-class PredictionContent(TypedDict):
-    """
-    Predicted output — text that the answer is expected to largely repeat.
-    """
-
-    type: Literal["content"]
-    content: str | list[ChatCompletionRequestMessageContentPartText]
+    mode: PromptCacheBreakpointMode
 
 
 class ChatCompletionAudioParam(TypedDict):
@@ -847,7 +876,7 @@ class JsonSchema(TypedDict):
     description: NotRequired[str]
     name: str
     schema: NotRequired[ResponseFormatJsonSchemaSchema]
-    strict: NotRequired[bool | None]
+    strict: NotRequired[ResponseFormatJsonSchemaStrict | None]
 
 
 class ResponseFormatJsonSchema(TypedDict):
@@ -867,7 +896,7 @@ class FunctionObject(TypedDict):
     description: NotRequired[str]
     name: str
     parameters: NotRequired[FunctionParameters]
-    strict: NotRequired[bool | None]
+    strict: NotRequired[FunctionObjectStrict | None]
 
 
 ChatCompletionToolChoiceOption: TypeAlias = (
@@ -932,9 +961,16 @@ class ErrorResponse(TypedDict):
     error: Error
 
 
-TextResponseFormatConfiguration: TypeAlias = (
-    ResponseFormatText | ResponseFormatJsonObject | TextResponseFormatJsonSchema
-)
+class TextResponseFormatJsonSchema(TypedDict):
+    """
+    JSON output that follows `schema`.
+    """
+
+    type: Literal["json_schema"]
+    name: str
+    description: NotRequired[str]
+    schema: ResponseFormatJsonSchemaSchema
+    strict: NotRequired[TextResponseFormatJsonSchemaStrict | None]
 
 
 class OutputTextContent(TypedDict):
@@ -977,6 +1013,124 @@ class ResponseContentPartEvent(TypedDict):
     content_index: int
     part: OutputContent
     sequence_number: int
+
+
+class ChatCompletionRequestMessageContentPartText(TypedDict):
+    """
+    A text part.
+    """
+
+    type: Literal["text"]
+    text: str
+    prompt_cache_breakpoint: NotRequired[PromptCacheBreakpoint]
+
+
+class ChatCompletionRequestMessageContentPartImage(TypedDict):
+    """
+    An image part.
+    """
+
+    type: Literal["image_url"]
+    image_url: ImageUrl
+    prompt_cache_breakpoint: NotRequired[PromptCacheBreakpoint]
+
+
+class ChatCompletionRequestMessageContentPartAudio(TypedDict):
+    """
+    An audio part.
+    """
+
+    type: Literal["input_audio"]
+    input_audio: InputAudio
+    prompt_cache_breakpoint: NotRequired[PromptCacheBreakpoint]
+
+
+class ChatCompletionRequestMessageContentPartFile(TypedDict):
+    """
+    A file part (OpenAI's current document): an uploaded file's id, or the file itself.
+    """
+
+    type: Literal["file"]
+    file: File
+    prompt_cache_breakpoint: NotRequired[PromptCacheBreakpoint]
+
+
+class PredictionContent(TypedDict):
+    """
+    Predicted output — text that the answer is expected to largely repeat.
+    """
+
+    type: Literal["content"]
+    content: str | list[ChatCompletionRequestMessageContentPartText]
+
+
+class ChatCompletionTool(TypedDict):
+    """
+    A tool the model may call; only functions exist.
+    """
+
+    type: Literal["function"]
+    function: FunctionObject
+
+
+class ChatCompletionChoiceLogprobs(TypedDict):
+    """
+    Log probabilities of the choice's tokens; null unless `logprobs` was requested.
+    """
+
+    content: list[ChatCompletionTokenLogprob] | None
+    refusal: list[ChatCompletionTokenLogprob] | None
+
+
+class ChatCompletionStreamChoice(TypedDict):
+    index: int
+    delta: ChatCompletionStreamResponseDelta
+    logprobs: NotRequired[ChatCompletionChoiceLogprobs | None]
+    finish_reason: (
+        Literal["stop", "length", "tool_calls", "content_filter", "function_call"]
+        | None
+    )
+
+
+TextResponseFormatConfiguration: TypeAlias = (
+    ResponseFormatText | ResponseFormatJsonObject | TextResponseFormatJsonSchema
+)
+
+
+InputContent: TypeAlias = (
+    InputTextContent
+    | InputImageContent
+    | InputFileContent
+    | OutputTextContent
+    | RefusalContent
+)
+
+
+class FunctionCallOutputItemParam(TypedDict):
+    """
+    A function call's output, answering the call with the same `call_id`.
+    """
+
+    type: Literal["function_call_output"]
+    id: NotRequired[str | None]
+    call_id: str
+    output: str | list[InputContent]
+    status: NotRequired[Literal["in_progress", "completed", "incomplete"] | None]
+
+
+ToolChoiceParam: TypeAlias = Literal["none", "auto", "required"] | ToolChoiceObject
+
+
+class OutputMessage(TypedDict):
+    """
+    The model's message.
+    """
+
+    id: str
+    type: Literal["message"]
+    role: Literal["assistant"]
+    status: Literal["in_progress", "completed", "incomplete"]
+    content: list[OutputContent]
 
 
 class ChatCompletionRequestDeveloperMessage(TypedDict):
@@ -1038,89 +1192,6 @@ class ChatCompletionRequestToolMessage(TypedDict):
     tool_call_id: str
 
 
-class ChatCompletionTool(TypedDict):
-    """
-    A tool the model may call; only functions exist.
-    """
-
-    type: Literal["function"]
-    function: FunctionObject
-
-
-class ChatCompletionChoiceLogprobs(TypedDict):
-    """
-    Log probabilities of the choice's tokens; null unless `logprobs` was requested.
-    """
-
-    content: list[ChatCompletionTokenLogprob] | None
-    refusal: list[ChatCompletionTokenLogprob] | None
-
-
-class ChatCompletionStreamChoice(TypedDict):
-    index: int
-    delta: ChatCompletionStreamResponseDelta
-    logprobs: NotRequired[ChatCompletionChoiceLogprobs | None]
-    finish_reason: (
-        Literal["stop", "length", "tool_calls", "content_filter", "function_call"]
-        | None
-    )
-
-
-class ResponseTextParam(TypedDict):
-    """
-    The form of the text output.
-    """
-
-    format: NotRequired[TextResponseFormatConfiguration]
-    verbosity: NotRequired[Literal["low", "medium", "high"] | None]
-
-
-InputContent: TypeAlias = (
-    InputTextContent
-    | InputImageContent
-    | InputFileContent
-    | OutputTextContent
-    | RefusalContent
-)
-
-
-class FunctionCallOutputItemParam(TypedDict):
-    """
-    A function call's output, answering the call with the same `call_id`.
-    """
-
-    type: Literal["function_call_output"]
-    id: NotRequired[str | None]
-    call_id: str
-    output: str | list[InputContent]
-    status: NotRequired[Literal["in_progress", "completed", "incomplete"] | None]
-
-
-ToolChoiceParam: TypeAlias = Literal["none", "auto", "required"] | ToolChoiceObject
-
-
-class OutputMessage(TypedDict):
-    """
-    The model's message.
-    """
-
-    id: str
-    type: Literal["message"]
-    role: Literal["assistant"]
-    status: Literal["in_progress", "completed", "incomplete"]
-    content: list[OutputContent]
-
-
-class ChatCompletionRequestUserMessage(TypedDict):
-    """
-    A message from the end user.
-    """
-
-    content: str | list[ChatCompletionRequestUserMessageContentPart]
-    role: Literal["user"]
-    name: NotRequired[str]
-
-
 class ChatCompletionChoice(TypedDict):
     index: int
     message: ChatCompletionResponseMessage
@@ -1145,6 +1216,15 @@ class CreateChatCompletionStreamResponse(TypedDict):
     service_tier: NotRequired[str | None]
     system_fingerprint: NotRequired[str | None]
     usage: NotRequired[ChatCompletionStreamUsage | None]
+
+
+class ResponseTextParam(TypedDict):
+    """
+    The form of the text output.
+    """
+
+    format: NotRequired[TextResponseFormatConfiguration]
+    verbosity: NotRequired[Literal["low", "medium", "high"] | None]
 
 
 class InputMessage(TypedDict):
@@ -1174,14 +1254,14 @@ class ResponseOutputItemEvent(TypedDict):
     sequence_number: int
 
 
-ChatCompletionRequestMessage: TypeAlias = (
-    ChatCompletionRequestDeveloperMessage
-    | ChatCompletionRequestSystemMessage
-    | ChatCompletionRequestUserMessage
-    | ChatCompletionRequestAssistantMessage
-    | ChatCompletionRequestToolMessage
-    | ChatCompletionRequestFunctionMessage
-)
+class ChatCompletionRequestUserMessage(TypedDict):
+    """
+    A message from the end user.
+    """
+
+    content: str | list[ChatCompletionRequestUserMessageContentPart]
+    role: Literal["user"]
+    name: NotRequired[str]
 
 
 class CreateChatCompletionResponse(TypedDict):
@@ -1223,7 +1303,7 @@ class Response(TypedDict):
             "completed", "failed", "in_progress", "cancelled", "queued", "incomplete"
         ]
     ]
-    error: ResponseError | None
+    error: ResponseFailure | None
     incomplete_details: IncompleteDetails | None
     instructions: str | None
     max_output_tokens: NotRequired[int | None]
@@ -1282,56 +1362,14 @@ class ResponseLifecycleEvent(TypedDict):
     sequence_number: int
 
 
-class CreateChatCompletionRequest(TypedDict):
-    """
-    The body of `POST /chat/completions`.
-    """
-
-    messages: list[ChatCompletionRequestMessage]
-    model: str
-    store: NotRequired[bool | None]
-    reasoning_effort: NotRequired[
-        Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None
-    ]
-    metadata: NotRequired[Metadata | None]
-    frequency_penalty: NotRequired[float | None]
-    logit_bias: NotRequired[dict[str, int] | None]
-    logprobs: NotRequired[bool | None]
-    top_logprobs: NotRequired[int | None]
-    max_tokens: NotRequired[int | None]
-    max_completion_tokens: NotRequired[int | None]
-    n: NotRequired[int | None]
-    modalities: NotRequired[list[Literal["text", "audio"]] | None]
-    prediction: NotRequired[PredictionContent | None]
-    audio: NotRequired[ChatCompletionAudioParam | None]
-    presence_penalty: NotRequired[float | None]
-    response_format: NotRequired[
-        ResponseFormatText | ResponseFormatJsonObject | ResponseFormatJsonSchema
-    ]
-    seed: NotRequired[int | None]
-    service_tier: NotRequired[
-        Literal["auto", "default", "flex", "scale", "priority", "fast"] | None
-    ]
-    verbosity: NotRequired[Literal["low", "medium", "high"] | None]
-    prompt_cache_key: NotRequired[str | None]
-    prompt_cache_retention: NotRequired[Literal["in_memory", "24h"] | None]
-    prompt_cache_options: NotRequired[PromptCacheOptions | None]
-    safety_identifier: NotRequired[str | None]
-    moderation: NotRequired[dict[str, Any] | None]
-    web_search_options: NotRequired[WebSearchOptions | None]
-    stop: NotRequired[StopConfiguration]
-    stream: NotRequired[bool | None]
-    stream_options: NotRequired[ChatCompletionStreamOptions | None]
-    temperature: NotRequired[float | None]
-    top_p: NotRequired[float | None]
-    tools: NotRequired[list[ChatCompletionTool | CustomTool]]
-    tool_choice: NotRequired[ChatCompletionToolChoiceOption]
-    parallel_tool_calls: NotRequired[bool]
-    user: NotRequired[str]
-    function_call: NotRequired[
-        Literal["none", "auto"] | ChatCompletionFunctionCallOption
-    ]
-    functions: NotRequired[list[ChatCompletionFunctions]]
+ChatCompletionRequestMessage: TypeAlias = (
+    ChatCompletionRequestDeveloperMessage
+    | ChatCompletionRequestSystemMessage
+    | ChatCompletionRequestUserMessage
+    | ChatCompletionRequestAssistantMessage
+    | ChatCompletionRequestToolMessage
+    | ChatCompletionRequestFunctionMessage
+)
 
 
 class CreateResponse(TypedDict):
@@ -1343,32 +1381,29 @@ class CreateResponse(TypedDict):
     input: NotRequired[str | list[InputItem]]
     instructions: NotRequired[str | None]
     previous_response_id: NotRequired[str | None]
-    store: NotRequired[bool | None]
-    stream: NotRequired[bool | None]
+    store: NotRequired[CreateResponseStore | None]
+    stream: NotRequired[CreateResponseStream | None]
     stream_options: NotRequired[ResponseStreamOptions | None]
     tools: NotRequired[list[Tool]]
     tool_choice: NotRequired[ToolChoiceParam]
-    parallel_tool_calls: NotRequired[bool | None]
+    parallel_tool_calls: NotRequired[CreateResponseParallelToolCalls | None]
     max_tool_calls: NotRequired[int | None]
     text: NotRequired[ResponseTextParam | None]
     max_output_tokens: NotRequired[int | None]
-    temperature: NotRequired[float | None]
-    top_p: NotRequired[float | None]
+    temperature: NotRequired[CreateResponseTemperature | None]
+    top_p: NotRequired[CreateResponseTopP | None]
     top_logprobs: NotRequired[int | None]
-    truncation: NotRequired[Literal["auto", "disabled"] | None]
+    truncation: NotRequired[Truncation | None]
     metadata: NotRequired[Metadata | None]
     prompt_cache_key: NotRequired[str | None]
     prompt_cache_retention: NotRequired[Literal["in_memory", "24h"] | None]
     client_metadata: NotRequired[dict[str, str] | None]
     safety_identifier: NotRequired[str | None]
     user: NotRequired[str]
-    service_tier: NotRequired[
-        Literal["auto", "default", "flex", "scale", "priority", "fast", "ultrafast"]
-        | None
-    ]
+    service_tier: NotRequired[CreateResponseServiceTier | None]
     include: NotRequired[list[IncludeEnum] | None]
     reasoning: NotRequired[Reasoning | None]
-    background: NotRequired[bool | None]
+    background: NotRequired[Background | None]
     conversation: NotRequired[None]
     prompt: NotRequired[dict[str, Any] | None]
     context_management: NotRequired[list[dict[str, Any]] | None]
@@ -1388,3 +1423,51 @@ ResponseStreamEvent: TypeAlias = (
     | ResponseFunctionCallArgumentsDoneEvent
     | ResponseErrorEvent
 )
+
+
+class CreateChatCompletionRequest(TypedDict):
+    """
+    The body of `POST /chat/completions`.
+    """
+
+    messages: list[ChatCompletionRequestMessage]
+    model: str
+    store: NotRequired[CreateChatCompletionRequestStore | None]
+    reasoning_effort: NotRequired[ReasoningEffort | None]
+    metadata: NotRequired[Metadata | None]
+    frequency_penalty: NotRequired[FrequencyPenalty | None]
+    logit_bias: NotRequired[LogitBias | None]
+    logprobs: NotRequired[Logprobs | None]
+    top_logprobs: NotRequired[int | None]
+    max_tokens: NotRequired[int | None]
+    max_completion_tokens: NotRequired[int | None]
+    n: NotRequired[CreateChatCompletionRequestN | None]
+    modalities: NotRequired[list[Literal["text", "audio"]] | None]
+    prediction: NotRequired[PredictionContent | None]
+    audio: NotRequired[ChatCompletionAudioParam | None]
+    presence_penalty: NotRequired[PresencePenalty | None]
+    response_format: NotRequired[
+        ResponseFormatText | ResponseFormatJsonObject | ResponseFormatJsonSchema
+    ]
+    seed: NotRequired[int | None]
+    service_tier: NotRequired[CreateChatCompletionRequestServiceTier | None]
+    verbosity: NotRequired[Verbosity | None]
+    prompt_cache_key: NotRequired[str | None]
+    prompt_cache_retention: NotRequired[Literal["in_memory", "24h"] | None]
+    prompt_cache_options: NotRequired[PromptCacheOptions | None]
+    safety_identifier: NotRequired[str | None]
+    moderation: NotRequired[dict[str, Any] | None]
+    web_search_options: NotRequired[WebSearchOptions | None]
+    stop: NotRequired[StopConfiguration]
+    stream: NotRequired[CreateChatCompletionRequestStream | None]
+    stream_options: NotRequired[ChatCompletionStreamOptions | None]
+    temperature: NotRequired[CreateChatCompletionRequestTemperature | None]
+    top_p: NotRequired[CreateChatCompletionRequestTopP | None]
+    tools: NotRequired[list[ChatCompletionTool | CustomTool]]
+    tool_choice: NotRequired[ChatCompletionToolChoiceOption]
+    parallel_tool_calls: NotRequired[CreateChatCompletionRequestParallelToolCalls]
+    user: NotRequired[str]
+    function_call: NotRequired[
+        Literal["none", "auto"] | ChatCompletionFunctionCallOption
+    ]
+    functions: NotRequired[list[ChatCompletionFunctions]]

@@ -8,14 +8,6 @@ from typing import Any, Literal, NotRequired, TypeAlias
 from typing_extensions import TypedDict
 
 
-class ChatCompletionStreamOptions(TypedDict, closed=True):
-    """
-    Streaming options; only valid with `stream: true` (400 otherwise, rule `stream_options-needs-stream`). OVMS rejects any property other than `include_usage`.
-    """
-
-    include_usage: NotRequired[bool]
-
-
 class ChatCompletionRequestMessageContentPartText(TypedDict):
     type: Literal["text"]
     text: str
@@ -123,6 +115,53 @@ class CreateChatCompletionStreamResponseEvent(TypedDict):
     data: Literal["[DONE]"] | str
 
 
+Stream: TypeAlias = bool | None
+
+
+IgnoreEos: TypeAlias = bool | None
+
+
+Logprobs: TypeAlias = bool | None
+
+
+CreateChatCompletionRequestN: TypeAlias = int | None
+
+
+BestOf: TypeAlias = int | None
+
+
+LengthPenalty: TypeAlias = float | None
+
+
+Temperature: TypeAlias = float | None
+
+
+TopP: TypeAlias = float | None
+
+
+RepetitionPenalty: TypeAlias = float | None
+
+
+FrequencyPenalty: TypeAlias = float | None
+
+
+PresencePenalty: TypeAlias = float | None
+
+
+Seed: TypeAlias = int | None
+
+
+IncludeUsage: TypeAlias = bool
+
+
+class ChatCompletionStreamOptions(TypedDict, closed=True):
+    """
+    Streaming options; only valid with `stream: true` (400 otherwise, rule `stream_options-needs-stream`). OVMS rejects any property other than `include_usage`.
+    """
+
+    include_usage: NotRequired[IncludeUsage]
+
+
 class ChatCompletionRequestMessageContentPartImage(TypedDict):
     type: Literal["image_url"]
     image_url: ImageUrl
@@ -225,26 +264,26 @@ class CreateChatCompletionRequest(TypedDict):
 
     model: str
     messages: list[ChatCompletionRequestMessage]
-    stream: NotRequired[bool | None]
+    stream: NotRequired[Stream | None]
     stream_options: NotRequired[ChatCompletionStreamOptions | None]
     stop: NotRequired[str | list[str] | None]
     max_tokens: NotRequired[int]
     max_completion_tokens: NotRequired[int | None]
-    ignore_eos: NotRequired[bool | None]
+    ignore_eos: NotRequired[IgnoreEos | None]
     include_stop_str_in_output: NotRequired[bool | None]
-    logprobs: NotRequired[bool | None]
+    logprobs: NotRequired[Logprobs | None]
     tools: NotRequired[list[ChatCompletionTool] | None]
     tool_choice: NotRequired[ChatCompletionToolChoiceOption]
-    n: NotRequired[int | None]
-    best_of: NotRequired[int | None]
-    length_penalty: NotRequired[float | None]
-    temperature: NotRequired[float | None]
-    top_p: NotRequired[float | None]
+    n: NotRequired[CreateChatCompletionRequestN | None]
+    best_of: NotRequired[BestOf | None]
+    length_penalty: NotRequired[LengthPenalty | None]
+    temperature: NotRequired[Temperature | None]
+    top_p: NotRequired[TopP | None]
     top_k: NotRequired[int | None]
-    repetition_penalty: NotRequired[float | None]
-    frequency_penalty: NotRequired[float | None]
-    presence_penalty: NotRequired[float | None]
-    seed: NotRequired[int | None]
+    repetition_penalty: NotRequired[RepetitionPenalty | None]
+    frequency_penalty: NotRequired[FrequencyPenalty | None]
+    presence_penalty: NotRequired[PresencePenalty | None]
+    seed: NotRequired[Seed | None]
     num_assistant_tokens: NotRequired[int | None]
     assistant_confidence_threshold: NotRequired[float | None]
     max_ngram_size: NotRequired[int | None]

@@ -2,9 +2,11 @@
 
 Users who generate clients or run conformance tools from the served document get the one in
 openapi/, with two differences that describe the running server: `servers` names the mount the
-gateway serves the dialect at, and a gateway with no keys configured declares no `security` (it
-enforces none: a document that declared it would promise checks the gateway does not make). The
-JSON body is rendered once, at start; the YAML one when it is first asked for (rendering it
+gateway serves the dialect at, and a gateway with no keys configured declares its security
+optional: every alternative the document names, plus `{}` (no credentials). A client generated
+from an open gateway's document so still has a place for a key, and carries it to a keyed
+gateway; the front door reads the schemes from the committed document, so `{}` opens nothing.
+The JSON body is rendered once, at start; the YAML one when it is first asked for (rendering it
 took a tenth of a start, and few clients ask).
 """
 
@@ -29,12 +31,21 @@ def served_document(document: dict[str, Any], mount: str, keys_enforced: bool = 
     served = copy.deepcopy(document)
     served["servers"] = [{"url": mount or "/"}]
     if not keys_enforced:
-        served.pop("security", None)
+        if "security" in served:
+            served["security"] = optional(served["security"])
         for item in served.get("paths", {}).values():
             for method in HTTP_METHODS:
-                if isinstance(item.get(method), dict):
-                    item[method].pop("security", None)
+                if isinstance(item.get(method), dict) and "security" in item[method]:
+                    item[method]["security"] = optional(item[method]["security"])
     return served
+
+
+def optional(requirements: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Security requirements that also admit a caller without credentials (`{}`); an operation
+    that is public already (`[]`) stays as it is."""
+    if not requirements or {} in requirements:
+        return requirements
+    return [*requirements, {}]
 
 
 class ServedBody:

@@ -24,7 +24,7 @@ from typing import Any
 
 from gateway.dialects.registry import DIALECTS
 from gateway.dialects.rules import Rule, first_breach
-from gateway.http.documents import DialectSpec, load_document
+from gateway.http.documents import DialectSpec, load_document, resolve
 from gateway.tools.conformance_examples import KEY_HEADERS, record_failure
 from gateway.tools.conformance_report import Report
 from gateway.tools.conformance_report import render as render_lines
@@ -164,7 +164,8 @@ def seeded_operations(document: dict[str, Any]) -> list[tuple[str, str]]:
     return [
         operation
         for operation, properties in body_properties(document).items()
-        if isinstance(properties.get("seed"), dict) and properties["seed"].get("type") == "integer"
+        if isinstance(properties.get("seed"), dict)
+        and resolve(document, properties["seed"]).get("type") == "integer"
     ]
 
 

@@ -32,12 +32,19 @@ def served_document(url: str, document: dict[str, Any]) -> dict[str, Any] | None
     return served if same else None
 
 
+def enforced(node: dict[str, Any]) -> bool:
+    """Whether a node's `security` asks for a key: declared, and without `{}` (no credentials)
+    among its alternatives, which a gateway with no keys adds to declare them optional."""
+    return "security" in node and {} not in node["security"]
+
+
 def with_served_security(document: dict[str, Any], served: dict[str, Any]) -> dict[str, Any]:
-    """The document with the security the endpoint declares for itself: a gateway with no keys
-    serves its document without `security`, and is tested as the open endpoint it is."""
+    """The document with the security the endpoint enforces: a gateway with no keys serves its
+    document with every scheme optional (or, before, without `security`), and is tested as the
+    open endpoint it is."""
     document = dict(document)
     document.pop("security", None)
-    if "security" in served:
+    if enforced(served):
         document["security"] = served["security"]
     paths = {}
     for path, item in document.get("paths", {}).items():
@@ -46,7 +53,7 @@ def with_served_security(document: dict[str, Any], served: dict[str, Any]) -> di
             if isinstance(operation, dict) and "security" in operation:
                 served_operation = served.get("paths", {}).get(path, {}).get(method, {})
                 operation = {k: v for k, v in operation.items() if k != "security"}
-                if "security" in served_operation:
+                if enforced(served_operation):
                     operation["security"] = served_operation["security"]
                 paths[path][method] = operation
     document["paths"] = paths

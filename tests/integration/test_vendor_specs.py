@@ -400,7 +400,8 @@ CASES = [
     Case("ovms", "whole-cuts-the-stop-string", {"stop": ["friend"]}, check=stop_string_cut),
     Case("ovms", "n-with-best-of", {"n": 2, "best_of": 2}),
     Case("ovms", "400-logprobs-streamed", {"logprobs": True, "stream": True}, status=400),
-    Case("ovms", "400-best-of-streamed", {"best_of": 1, "stream": True}, status=400),
+    Case("ovms", "400-best-of-streamed", {"best_of": 2, "stream": True}, status=400),
+    Case("ovms", "stream-best-of-default", {"best_of": 1, "stream": True}),  # the default: no value
     Case("ovms", "400-n-above-best-of", {"n": 2}, status=400),
     Case("ovms", "400-n-streamed", {"n": 2, "stream": True}, status=400),
     Case("ovms", "400-stream-options-without-stream", {"stream_options": USAGE_ASKED}, status=400),

@@ -8,7 +8,10 @@
 - openai for Node, the Vercel AI SDK, @anthropic-ai/sdk, Claude Code and Codex CLI (both carry
   their native binary in a registry package) in an npm folder, installed by `npm ci` from
   tests/support/clients/package-lock.json;
-- litellm 1.80.0 as a client: the venv the benchmark makes (bench/litellm_proxy).
+- litellm 1.80.0 as a client: the venv the benchmark makes (bench/litellm_proxy);
+- client generators: openapi-generator (its PyPI package, with the jar; Java 17) in a venv of
+  its own, pinned by python-generators.txt, and openapi-typescript with openapi-fetch and
+  TypeScript in the npm folder.
 
 `python -m tests.support.real_servers` makes them (scripts/run-tests runs it); seconds once made.
 """
@@ -37,6 +40,8 @@ PINNED = pinned("python-clients.txt")
 PYTHON_CLIENTS = ServerVenv("clients-langchain-openai-1.7.4-llama-index-0.8.1", PINNED)
 AGENTS_PINNED = pinned("python-agents.txt")
 AGENT_CLIENTS = ServerVenv("clients-openai-agents-0.24.0-langchain-anthropic-1.7.10", AGENTS_PINNED)
+GENERATORS_PINNED = pinned("python-generators.txt")
+GENERATORS = ServerVenv("generators-openapi-generator-cli-7.26.0", GENERATORS_PINNED)
 NODE_CLIENTS = CACHE / "clients-node"
 NODE_STAMP = "chatgate-tests-installed"  # written once `npm ci` has finished: the lock it installed
 
@@ -79,6 +84,7 @@ def node_folder() -> Path:
 def install_all(say: Callable[[str], None] = print) -> None:
     PYTHON_CLIENTS.install(say)
     AGENT_CLIENTS.install(say)
+    GENERATORS.install(say)
     install_node(say)
 
 

@@ -129,7 +129,7 @@ CASES = [
         {"logprobs": False, **STREAMED},
         "logprobs",
     ),
-    row("ovms", "best_of-not-streamed", {"best_of": 1, **STREAMED}, {"best_of": None, **STREAMED}, "best_of"),
+    row("ovms", "best_of-not-streamed", {"best_of": 2, **STREAMED}, {"best_of": 1, **STREAMED}, "best_of"),
     row("ovms", "n-at-most-best_of", {"n": 2}, {"n": 2, "best_of": 2}, "n"),
     row("ovms", "n-at-most-best_of", {"n": 2, "best_of": None}, {"n": 1, "best_of": None}, "n"),
     row("ovms", "n-at-most-best_of", {"n": 2, **STREAMED}, {"n": 1, **STREAMED}, "n"),
