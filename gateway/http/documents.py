@@ -23,7 +23,8 @@ def documents_dir() -> Path:
 
 
 SPEC_DIR = documents_dir()
-HTTP_METHODS = ("get", "post", "put", "patch", "delete")
+# the operations a path item may hold (OpenAPI 3.0)
+HTTP_METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
 
 
 # libyaml's loader where PyYAML was built with it: a tenth of the pure-Python loader's time

@@ -51,7 +51,7 @@ from gateway.core.ids import new_request_id
 from gateway.core.terminal import bounded
 from gateway.dialects.translator import Translator
 from gateway.http.call import Call
-from gateway.http.documents import resolve
+from gateway.http.documents import HTTP_METHODS, resolve
 from gateway.http.error_dialects import ErrorDialects
 from gateway.http.served_documents import ServedBody, served_bodies
 from gateway.http.unserved import EDGE, PATH_SHOWN, UNMATCHED, Unserved, gateway_address
@@ -67,7 +67,6 @@ Handler = Callable[[Call], Awaitable[Response]]
 REQUEST_ID_HEADER = b"x-request-id"
 SAFE_REQUEST_ID = re.compile(rb"^[A-Za-z0-9._:/+=-]{1,200}$")
 JSON_MEDIA_TYPE = "application/json"
-HTTP_METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
 UI_PATH = "/ui"
 UI_HIDDEN_SUFFIXES = (".j2", ".map")  # the UI's page template and source maps: not for clients
 

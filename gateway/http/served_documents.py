@@ -19,9 +19,10 @@ from typing import Any
 import orjson
 import yaml
 
+from gateway.http.documents import HTTP_METHODS
+
 SPEC_PATH = "/openapi.json"
 YAML_SPEC_PATH = "/openapi.yaml"
-HTTP_METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
 # libyaml's emitter where PyYAML was built with it: the pure-Python one took most of a start
 SAFE_DUMPER: type[yaml.SafeDumper] = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 

@@ -21,10 +21,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.core.terminal import bounded
-from gateway.http.documents import resolve
+from gateway.http.documents import HTTP_METHODS, resolve
 from gateway.http.served_documents import SPEC_PATH
 
-HTTP_METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
 PATH_SHOWN = 200  # characters of the asked path an answer repeats
 UNMATCHED = "unmatched"  # the metrics' one route label for every path nothing serves
 EDGE = "edge"  # the route label of a request the connection refused before it was routed
