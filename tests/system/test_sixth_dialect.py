@@ -145,8 +145,8 @@ def test_it_is_served_at_its_mount(copy_with_a_sixth_dialect: Path, tmp_path: Pa
         assert served.status_code == 200 and "/chat/completions" in served.json()["paths"]
         # `chatgate conformance --model` probes its features (the probe set it names), no KeyError
         probe = (
-            "import json; from gateway.tools.conformance_target import features_of;"
-            f"features, why = features_of('{url}/vllm', 'vllm', 'echo', {{}}, 30.0);"
+            "import json; from gateway.tools.conformance_target import Model, features_of;"
+            f"features, why = features_of('{url}/vllm', 'vllm', Model('echo', '--model'), {{}}, 30.0);"
             "print(json.dumps({f.name: f.verdict for f in features}))"
         )
         verdicts = json.loads(run_in(tree, [sys.executable, "-c", probe]).stdout)

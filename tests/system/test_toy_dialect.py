@@ -330,8 +330,8 @@ def test_an_error_in_the_stream_in_its_shape(toy_url: str):
 def test_a_dialect_without_probes_is_said_not_probed(copy_with_a_toy_dialect: Path):
     """It names no probe set: the conformance run's features say so, no KeyError."""
     check = (
-        "from gateway.tools.conformance_target import features_of;"
-        "print(features_of('http://127.0.0.1:9/toy', 'toy', 'echo', {}, 1.0))"
+        "from gateway.tools.conformance_target import Model, features_of;"
+        "print(features_of('http://127.0.0.1:9/toy', 'toy', Model('echo', '--model'), {}, 1.0))"
     )
     said = run_in(copy_with_a_toy_dialect, [sys.executable, "-c", check]).stdout
     assert "not probed" in said and "toy" in said
