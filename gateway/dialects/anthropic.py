@@ -147,6 +147,14 @@ class MessageStream:
     index: int = 0  # the open block's index, else the next one's
     stop_reason: anthropic_doc.StopReason = None
     stop_sequence: str | None = None
+    called: bool = False  # whether a tool_use block went out
+
+
+def stop_reason(finish: FinishReason, called: bool) -> anthropic_doc.StopReason:
+    """Anthropic's stop reason: a message that ends by itself after calling a tool ends with
+    tool_use (OpenAI-compatible servers say `stop` for a call a named tool_choice forced)."""
+    reason = STOP_REASONS[finish]
+    return "tool_use" if called and reason == "end_turn" else reason
 
 
 class AnthropicTranslator:
@@ -208,7 +216,7 @@ class AnthropicTranslator:
             if text:
                 content.append(text_block(text))
             content += [tool_use_block(call) for call in choice.tool_calls]
-            reason = STOP_REASONS[choice.finish_reason or "stop"]
+            reason = stop_reason(choice.finish_reason or "stop", bool(choice.tool_calls))
             if reason == "stop_sequence":
                 stop_sequence = choice.stop_sequence
         return {
@@ -297,10 +305,11 @@ class AnthropicTranslator:
                         }
                     )
                 state.open = "tool_use"  # a backend sends each call whole: closed at once
+                state.called = True
                 out += self.closed(state)
             case Finish(index=0, reason=reason):
                 out += self.closed(state)
-                state.stop_reason = STOP_REASONS[reason]
+                state.stop_reason = stop_reason(reason, state.called)
                 state.stop_sequence = event.stop if reason == "stop_sequence" else None
             case Usage():
                 out += self.closed(state)

@@ -34,7 +34,7 @@ from azure.ai.inference import ChatCompletionsClient
 from azure.core.credentials import AzureKeyCredential
 
 from backends.openai_compatible import OpenAICompatibleBackend, StreamState, finish_reason, matched_stop
-from gateway.core.canonical import Finish
+from gateway.core.canonical import ChatRequest, Finish, ToolCallDelta
 from gateway.core.errors import BadGateway
 from tests.support.loopback_server import LoopbackServer
 from tests.support.readers import reader, registered
@@ -977,3 +977,18 @@ def test_file_parts_and_custom_calls_in_the_history_reach_the_upstream(
     )
     assert response.status_code == 200, response.text
     assert stub.connection_with(marker).body["messages"] == messages
+
+
+def test_a_call_given_both_as_tool_calls_and_as_function_call_is_one_call() -> None:
+    """llama-cpp-python's server gave a forced call twice: in `tool_calls` and in the legacy
+    `function_call`. One call comes back, with the server's id; `function_call` alone is a call."""
+    backend = OpenAICompatibleBackend(model="m", base_url="http://h/v1")
+    request = ChatRequest(model="m", messages=[{"role": "user", "content": "hi"}])
+    function = {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    message = {"role": "assistant", "content": None, "function_call": function}
+    both = {**message, "tool_calls": [{"id": "call_7", "type": "function", "function": function}]}
+    for said, call_id in ((both, "call_7"), (message, None)):
+        body = {"choices": [{"index": 0, "message": said, "finish_reason": "tool_calls"}]}
+        calls = [e for e in backend.completion_events(body, request, None) if isinstance(e, ToolCallDelta)]
+        assert [(c.name, c.arguments) for c in calls] == [("get_weather", '{"city": "Paris"}')]
+        assert call_id is None or calls[0].id == call_id

@@ -214,31 +214,16 @@ def test_llama_cpp_create_and_stream(llama: anthropic.Anthropic, llama_cpp_upstr
     assert streamed == text
 
 
-def test_llama_cpp_forced_tool_use_then_its_result(llama: anthropic.Anthropic):
-    asked = [{"role": "user", "content": "What is the weather in Paris?"}]
-    message = llama.messages.create(
-        model=DEPLOYMENT,
-        max_tokens=24,
-        extra_body=GREEDY,
-        tools=[WEATHER],
-        tool_choice={"type": "tool", "name": "get_weather"},
-        messages=asked,
-    )
-    calls = [block for block in message.content if block.type == "tool_use"]
-    assert calls and calls[0].name == "get_weather" and calls[0].id.startswith("toolu_")
-    assert message.stop_reason == "tool_use"
-    answered = llama.messages.create(
-        model=DEPLOYMENT,
-        max_tokens=8,
-        extra_body=GREEDY,
-        tools=[WEATHER],
-        messages=[
-            *asked,
-            {"role": "assistant", "content": message.content},
-            {
-                "role": "user",
-                "content": [{"type": "tool_result", "tool_use_id": calls[0].id, "content": "sunny"}],
-            },
-        ],
-    )
-    assert answered.stop_reason in ("end_turn", "max_tokens", "tool_use")
+def test_llama_cpp_refuses_a_forced_tool_use_it_would_ignore(llama: anthropic.Anthropic):
+    """llama.cpp's own server answers text to a forced tool call; the deployment's probe found the
+    tools ignored, so the gateway says so (422) instead of passing text off as the call. The
+    forced call, its result and the next turn run against vLLM: tests/system/test_fleet_servers.py."""
+    with pytest.raises(anthropic.UnprocessableEntityError, match="tools"):
+        llama.messages.create(
+            model=DEPLOYMENT,
+            max_tokens=24,
+            extra_body=GREEDY,
+            tools=[WEATHER],
+            tool_choice={"type": "tool", "name": "get_weather"},
+            messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+        )

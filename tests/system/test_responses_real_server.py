@@ -1,6 +1,6 @@
 """OpenAI's Responses API in front of llama.cpp's real server (the tiny model of
 tests/support/tiny_model.py): the official openai SDK's `responses.create`, `responses.stream`
-with its accumulator, a forced function call and its output turn, and `previous_response_id`,
+with its accumulator, and a forced function call refused (llama-server ignores tools),
 through a real `chatgate serve` whose deployment is openai-compatible. The model's words are its
 own (a tiny random model): each answer is held to what llama.cpp itself answers to the same chat
 request, and to the shapes and usage the SDK reads."""
@@ -8,7 +8,7 @@ request, and to the shapes and usage the SDK reads."""
 from __future__ import annotations
 
 import pytest
-from openai import OpenAI
+from openai import OpenAI, UnprocessableEntityError
 
 from tests.support.real_server_fixtures import (  # noqa: F401  (fixtures)
     Upstream,
@@ -70,26 +70,16 @@ def test_stream_accumulates_the_same_text(client: OpenAI, llama_cpp_upstream: Up
         assert last.response.incomplete_details.reason == "max_output_tokens"
 
 
-def test_a_forced_call_then_its_output_then_a_continuation(client: OpenAI, llama_cpp_upstream: Upstream):  # noqa: F811
-    model = llama_cpp_upstream.deployment
-    first = client.responses.create(
-        model=model,
-        input="What is the weather in Paris?",
-        tools=[TOOL],
-        tool_choice={"type": "function", "name": "get_weather"},
-        temperature=0,
-        max_output_tokens=64,
-    )
-    calls = [item for item in first.output if item.type == "function_call"]
-    assert calls and calls[0].name == "get_weather" and calls[0].id.startswith("fc_")
-    second = client.responses.create(
-        model=model,
-        previous_response_id=first.id,
-        input=[{"type": "function_call_output", "call_id": calls[0].call_id, "output": "18 degrees"}],
-        tools=[TOOL],
-        temperature=0,
-        max_output_tokens=16,
-    )
-    assert second.previous_response_id == first.id
-    assert second.usage.input_tokens > first.usage.input_tokens  # the stored history was sent
-    assert client.responses.retrieve(second.id).output_text == second.output_text
+def test_a_forced_call_llama_cpp_would_ignore_is_refused(client: OpenAI, llama_cpp_upstream: Upstream):  # noqa: F811
+    """llama.cpp's own server answers text to a forced call; the deployment's probe found the
+    tools ignored, so the gateway answers 422 naming them. The forced call, its output and a
+    continuation run against vLLM: tests/system/test_fleet_servers.py."""
+    with pytest.raises(UnprocessableEntityError, match="tools"):
+        client.responses.create(
+            model=llama_cpp_upstream.deployment,
+            input="What is the weather in Paris?",
+            tools=[TOOL],
+            tool_choice={"type": "function", "name": "get_weather"},
+            temperature=0,
+            max_output_tokens=64,
+        )

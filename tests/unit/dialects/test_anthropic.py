@@ -531,6 +531,21 @@ def test_tool_calls_are_tool_use_blocks_after_the_text():
     assert message_errors(body) == []
 
 
+def test_a_call_that_ends_with_stop_ends_with_tool_use():
+    """OpenAI-compatible servers (vLLM) end a call forced by a named tool_choice with `stop`;
+    Anthropic ends a message that calls a tool with tool_use, whole or streamed."""
+    body = completion(Choice(0, "", tool_calls=[WEATHER_CALL], finish_reason="stop"))
+    assert body["stop_reason"] == "tool_use"
+    assert completion(Choice(0, "", tool_calls=[WEATHER_CALL], finish_reason="length"))["stop_reason"] == (
+        "max_tokens"
+    )
+    state, answer = TRANSLATOR.new_stream_state(), cases.answer()
+    events = [WEATHER_CALL, Finish(0, "stop"), cases.USAGE]
+    payloads = [payload for event in events for payload in TRANSLATOR.chunks(answer, event, state)]
+    (delta,) = [payload for payload in payloads if payload["type"] == "message_delta"]
+    assert delta["delta"]["stop_reason"] == "tool_use"
+
+
 def test_the_matched_stop_sequence_is_named():
     body = completion(Choice(0, "Hi", finish_reason="stop_sequence", stop_sequence="END"))
     assert (body["stop_reason"], body["stop_sequence"]) == ("stop_sequence", "END")
