@@ -1,8 +1,8 @@
 """The real clients of Anthropic's Messages API against a running, keyed `chatgate serve` at its
 /anthropic mount: @anthropic-ai/sdk for Node (create, the stream helpers, a forced tool call
 and the turn that sends its result back, countTokens, the typed errors of a 400 and a 401),
-LangChain's ChatAnthropic (invoke, stream, bind_tools), each on the echo backend and in front
-of llama.cpp's server (an openai-compatible deployment); and Claude Code headless: on echo a
+LangChain's ChatAnthropic (invoke, stream, bind_tools), each on the echo backend (their scripts
+force tool calls, which llama.cpp's own server does not make); and Claude Code headless: on echo a
 plain turn of its whole default agent, a turn that runs Bash and sends its output back, and
 `/context`; in front of llama.cpp a bare turn (what the tiny model's window holds).
 
@@ -32,7 +32,7 @@ import yaml
 from backends.echo import PREFIX
 from gateway.policy.auth import new_key
 from tests.support.client_libraries import AGENT_CLIENTS, CLIENTS, node_environment, node_folder
-from tests.support.real_server_fixtures import DEPLOYMENT, Upstream, model_dir, probed
+from tests.support.real_server_fixtures import DEPLOYMENT, Upstream, model_dir
 from tests.support.real_servers import cached_gguf, llama_server
 from tests.support.servers import started_gateway
 
@@ -155,7 +155,9 @@ def llama_cpp_gateway(model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
     folder = tmp_path_factory.mktemp("anthropic-llama.cpp")
     # the tiny model with a window of LLAMA_CPP_CONTEXT: llama.cpp's server caps its own at the model's
     with llama_server(cached_gguf("tiny-long"), folder, LLAMA_CPP_CONTEXT) as server:
-        options = {"base_url": server.base_url, "upstream_model": server.model, "probe": True}
+        # not probed: llama-server ignores tools, and a probed deployment refuses every request with
+        # tools (422); unprobed, an agent's turn with tools is relayed and answered with text
+        options = {"base_url": server.base_url, "upstream_model": server.model}
         deployment = {
             "name": DEPLOYMENT,
             "backend": "openai-compatible",
@@ -164,11 +166,13 @@ def llama_cpp_gateway(model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
         }
         config = keyed_config(folder, deployment)
         with started_gateway(folder, config) as (_, url, log):
-            probed(url, key=KEY)
             yield Served("llama.cpp", url, log, DEPLOYMENT, Upstream("llama.cpp", server, url, log))
 
 
-@pytest.fixture(scope="module", params=["echo", "llama.cpp"])
+# The Node SDK's and LangChain's scripts force a tool call and send its result back: llama.cpp's own
+# server calls no tools (it answers text), so they run on echo; in front of a real server that
+# calls them (vLLM), Claude's Python SDK does the same in tests/system/test_fleet_servers.py.
+@pytest.fixture(scope="module", params=["echo"])
 def served(request: pytest.FixtureRequest) -> Served:
     return request.getfixturevalue(f"{request.param.replace('.', '_')}_gateway")
 
