@@ -52,6 +52,14 @@ INCOMPLETE_REASONS: dict[str, FinishReason] = {
     "max_output_tokens": "length",
     "content_filter": "content_filter",
 }
+# frames that only open what follows: held until the first that says something (a token, a
+# thinking delta), so that the answer's status stays open until then
+PREAMBLE = frozenset(
+    {
+        "message_start", "ping", "content_block_start", "response.created", "response.in_progress",
+        "response.output_item.added", "response.content_part.added",
+    }
+)  # fmt: skip
 RESPONSES_TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
 
 
@@ -389,6 +397,11 @@ def whole_answer(dialect: Dialect, body: Any) -> list[Event]:
     return messages_body(body) if dialect == "messages" else responses_body(body)
 
 
+def says_something(event: Passed) -> bool:
+    """Whether a passed frame says something of the answer (not only opens it)."""
+    return any(not isinstance(frame, Mapping) or frame.get("type") not in PREAMBLE for frame in event.frames)
+
+
 async def relayed(
     read: Callable[[], Awaitable[bytes]],
     decoder: StreamDecoder,
@@ -396,10 +409,10 @@ async def relayed(
     first_deadline: float,
     deadline: float,
 ) -> AsyncIterator[list[Event]]:
-    """The upstream's native stream as batches of events, as its frames arrive. What comes before
-    the first canonical event (the message's start, a block's start, pings) is held and goes with
-    it, so that the answer's status is still open until the first token; the stream must end with
-    its dialect's last event."""
+    """The upstream's native stream as batches of events, as its frames arrive. What only opens
+    the answer (the message's start, a block's start, pings: PREAMBLE) is held and goes with the
+    first event that says something, so that the answer's status is still open until then; the
+    stream must end with its dialect's last event."""
     until = Deadline(first_deadline)
     held: list[Event] | None = []
     try:
@@ -415,7 +428,7 @@ async def relayed(
                 batch += reader.feed(frame)
             if held is not None and batch:
                 held += batch
-                if any(type(event) is not Passed for event in held):
+                if any(type(event) is not Passed or says_something(event) for event in held):
                     batch, held = held, None
                     until.when = deadline
                 else:

@@ -19,16 +19,17 @@ import orjson
 import pytest
 import yaml
 
-from tests.support.servers import running_gateway
-from tests.unit.test_native_stream import (
+from tests.support.native_frames import (
     GOOD_MESSAGES,
     GOOD_RESPONSES,
     LLAMA_CREATED_TWICE,
     LLAMA_NO_MESSAGE_START,
     MESSAGE_END,
+    completed,
     message_start,
     text_block,
 )
+from tests.support.servers import running_gateway
 
 pytestmark = pytest.mark.integration
 
@@ -43,19 +44,38 @@ WHOLE_MESSAGE = {
     "usage": {"input_tokens": 11, "output_tokens": 7, "cache_read_input_tokens": 2},
 }
 FORBIDDEN = "zebra"
+WHOLE_RESPONSE = {
+    **completed()["response"],
+    "output": [
+        {"type": "reasoning", "id": "rs_1", "summary": []},
+        {
+            "type": "message",
+            "id": "msg_1",
+            "role": "assistant",
+            "status": "completed",
+            "content": [{"type": "output_text", "text": "Hi", "annotations": []}],
+        },
+    ],
+}
 
 
 def script(path: str, body: dict[str, Any]) -> tuple[str, Any]:
     """What the upstream answers: ("json", body) or ("sse", frames), by the prompt's words."""
     words = json.dumps(body.get("messages") or body.get("input"))
+    if path.startswith("/broken/"):
+        words = "broken"
     if path.endswith("/messages"):
         if not body.get("stream"):
+            if "filter" in words:
+                return "json", {**WHOLE_MESSAGE, "content": [{"type": "text", "text": f"a {FORBIDDEN}"}]}
             return "json", WHOLE_MESSAGE
         if "broken" in words:
             return "sse", LLAMA_NO_MESSAGE_START
         if "filter" in words:
             return "sse", [message_start(), *text_block(0, "a ", f"{FORBIDDEN} here"), *MESSAGE_END]
         return "sse", GOOD_MESSAGES
+    if not body.get("stream"):
+        return "json", WHOLE_RESPONSE
     if "broken" in words:
         return "sse", LLAMA_CREATED_TWICE
     return "sse", GOOD_RESPONSES
@@ -105,6 +125,15 @@ def gateway(tmp_path_factory: pytest.TempPathFactory, log_dir: Path) -> Iterator
                     "native": ["messages", "responses"],
                 },
                 "capabilities": {"default_max_tokens": 33},
+            },
+            {
+                "name": "half-broken",
+                "backend": "openai-compatible",
+                "options": {"upstream_model": "upstream-model", "native": ["messages"]},
+                "replicas": [
+                    {"name": "broken", "options": {"base_url": f"{base[:-3]}/broken/v1"}},
+                    {"name": "good", "options": {"base_url": base}},
+                ],
             },
         ],
         "content_filter": {"output": {"words": [FORBIDDEN]}},
@@ -224,3 +253,39 @@ def test_usage_is_counted_from_the_upstreams_own(gateway: str) -> None:
     # the upstream's own: 11 input + 2 read from its cache, 7 output
     assert tokens(after, "input") - tokens(before, "input") == 13
     assert tokens(after, "output") - tokens(before, "output") == 7
+
+
+def test_a_broken_replica_before_the_first_token_is_retried_on_another(gateway: str) -> None:
+    Upstream.seen.clear()
+    body = {"model": "half-broken", "max_tokens": 5, "stream": True, "messages": [USER]}
+    for _ in range(10):
+        answer = httpx.post(f"{gateway}/anthropic/v1/messages", json=body, timeout=30)
+        assert answer.status_code == 200, answer.text
+        assert events(answer.text)[-1] == {"type": "message_stop"}
+    assert any(path.startswith("/broken/") for path, _ in Upstream.seen)
+
+
+def test_a_whole_response_comes_back_as_it_came_and_continues_with_its_history(gateway: str) -> None:
+    Upstream.seen.clear()
+    first = httpx.post(f"{gateway}/v1/responses", json={"model": "native", "input": "Hello"}, timeout=30)
+    assert first.status_code == 200, first.text
+    body = first.json()
+    assert body["output"] == WHOLE_RESPONSE["output"]  # the reasoning item is kept
+    assert body["model"] == "native" and body["id"] != "resp_up"
+    follow = {"model": "native", "input": "And then?", "previous_response_id": body["id"]}
+    second = httpx.post(f"{gateway}/v1/responses", json=follow, timeout=30)
+    assert second.status_code == 200, second.text
+    _, sent = Upstream.seen[-1]
+    # the upstream knows nothing of the gateway's ids: the history goes as input
+    assert "previous_response_id" not in sent
+    assert sent["input"][0]["content"][0]["text"] == "Hello"
+    assert sent["input"][-1] == {"type": "message", "role": "user", "content": "And then?"}
+    assert [item["type"] for item in sent["input"][1:-1]] == ["reasoning", "message"]
+
+
+def test_a_whole_message_the_content_filter_cut_is_the_gateways_own_rendering(gateway: str) -> None:
+    answer = messages(gateway, {"max_tokens": 5, "messages": [{"role": "user", "content": "filter"}]})
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert FORBIDDEN not in answer.text
+    assert body["stop_reason"] == "refusal"

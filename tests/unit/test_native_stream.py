@@ -21,69 +21,20 @@ from backends.native_stream import (
 )
 from gateway.core.canonical import Finish, Passed, TextDelta, ToolCallDelta, Usage
 from gateway.core.errors import BadGateway
+from tests.support.native_frames import (
+    GOOD_MESSAGES,
+    GOOD_RESPONSES,
+    LLAMA_CREATED_TWICE,
+    LLAMA_NO_MESSAGE_START,
+    MESSAGE_END,
+    completed,
+    created,
+    message_item,
+    message_start,
+    text_block,
+)
 
 pytestmark = pytest.mark.unit
-
-
-def message_start(input_tokens: int = 9) -> dict[str, Any]:
-    return {
-        "type": "message_start",
-        "message": {
-            "id": "msg_up",
-            "type": "message",
-            "role": "assistant",
-            "content": [],
-            "model": "tiny",
-            "usage": {"input_tokens": input_tokens, "output_tokens": 0, "cache_read_input_tokens": 4},
-        },
-    }
-
-
-def text_block(index: int, *texts: str) -> list[dict[str, Any]]:
-    return [
-        {"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}},
-        *(
-            {"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": t}}
-            for t in texts
-        ),
-        {"type": "content_block_stop", "index": index},
-    ]
-
-
-MESSAGE_END = [
-    {
-        "type": "message_delta",
-        "delta": {"stop_reason": "max_tokens", "stop_sequence": None},
-        "usage": {"output_tokens": 8},
-    },
-    {"type": "message_stop"},
-]
-
-GOOD_MESSAGES = [
-    message_start(),
-    {"type": "ping"},
-    {"type": "content_block_start", "index": 0, "content_block": {"type": "thinking", "thinking": ""}},
-    {"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": "hm"}},
-    {"type": "content_block_stop", "index": 0},
-    *text_block(1, "Hel", "lo"),
-    {
-        "type": "content_block_start",
-        "index": 2,
-        "content_block": {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {}},
-    },
-    {
-        "type": "content_block_delta",
-        "index": 2,
-        "delta": {"type": "input_json_delta", "partial_json": '{"city"'},
-    },
-    {
-        "type": "content_block_delta",
-        "index": 2,
-        "delta": {"type": "input_json_delta", "partial_json": ': "Oslo"}'},
-    },
-    {"type": "content_block_stop", "index": 2},
-    *MESSAGE_END,
-]
 
 
 def read_all(reader: MessagesStream | ResponsesStream, frames: list[dict[str, Any]]) -> list[Any]:
@@ -112,10 +63,6 @@ def test_a_whole_messages_stream_reads_into_events_that_carry_every_frame() -> N
     assert (usage.prompt_tokens, usage.completion_tokens) == (13, 8)
     assert usage.prompt_tokens_details is not None and usage.prompt_tokens_details.cached_tokens == 4
     assert isinstance(events[0], Passed)
-
-
-# llama.cpp's server when the first token is an incomplete UTF-8 sequence: no message_start
-LLAMA_NO_MESSAGE_START = [*text_block(0, "\ufffdP", "ke"), *MESSAGE_END]
 
 
 @pytest.mark.parametrize(
@@ -154,69 +101,6 @@ def test_an_error_event_in_a_messages_stream_is_the_upstreams_failure() -> None:
         read_all(reader, [message_start(), error])
 
 
-def created(kind: str = "response.created", sequence: int = 0) -> dict[str, Any]:
-    return {
-        "type": kind,
-        "sequence_number": sequence,
-        "response": {
-            "id": "resp_up",
-            "object": "response",
-            "model": "tiny",
-            "status": "in_progress",
-            "output": [],
-        },
-    }
-
-
-def message_item(index: int, *deltas: str) -> list[dict[str, Any]]:
-    item = {"id": "msg_1", "type": "message", "role": "assistant", "status": "in_progress", "content": []}
-    where = {"item_id": "msg_1", "output_index": index, "content_index": 0}
-    text = "".join(deltas)
-    return [
-        {"type": "response.output_item.added", "output_index": index, "item": item},
-        {"type": "response.content_part.added", **where, "part": {"type": "output_text", "text": ""}},
-        *({"type": "response.output_text.delta", **where, "delta": d} for d in deltas),
-        {"type": "response.output_text.done", **where, "text": text},
-        {"type": "response.content_part.done", **where, "part": {"type": "output_text", "text": text}},
-        {"type": "response.output_item.done", "output_index": index, "item": {**item, "status": "completed"}},
-    ]
-
-
-def completed(status: str = "completed") -> dict[str, Any]:
-    response = {
-        "id": "resp_up",
-        "object": "response",
-        "model": "tiny",
-        "status": status,
-        "output": [],
-        "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
-        "usage": {"input_tokens": 9, "output_tokens": 8, "input_tokens_details": {"cached_tokens": 8}},
-    }
-    return {"type": f"response.{status}", "response": response}
-
-
-FUNCTION_CALL = [
-    {
-        "type": "response.output_item.added",
-        "output_index": 1,
-        "item": {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "f", "arguments": ""},
-    },
-    {"type": "response.function_call_arguments.delta", "output_index": 1, "item_id": "fc_1", "delta": "{}"},
-    {
-        "type": "response.output_item.done",
-        "output_index": 1,
-        "item": {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "f", "arguments": "{}"},
-    },
-]
-GOOD_RESPONSES = [
-    created(),
-    created("response.in_progress", 1),
-    *message_item(0, "Hel", "lo"),
-    *FUNCTION_CALL,
-    completed(),
-]
-
-
 def test_a_whole_responses_stream_reads_into_events_that_carry_every_frame() -> None:
     reader = ResponsesStream()
     events = read_all(reader, GOOD_RESPONSES)
@@ -233,15 +117,6 @@ def test_a_whole_responses_stream_reads_into_events_that_carry_every_frame() -> 
 def test_an_incomplete_response_finishes_for_its_reason() -> None:
     events = read_all(ResponsesStream(), [created(), *message_item(0, "a"), completed("incomplete")])
     assert [e.reason for e in events if isinstance(e, Finish)] == ["length"]
-
-
-# llama.cpp's server when the first token is an incomplete UTF-8 sequence (the audit's order)
-LLAMA_CREATED_TWICE = [
-    created(),
-    created("response.in_progress", 1),
-    *message_item(0, "\ufffdP")[:3],
-    created("response.created", 4),
-]
 
 
 @pytest.mark.parametrize(
@@ -332,12 +207,22 @@ def relay(pieces: list[bytes], reader: MessagesStream | ResponsesStream) -> list
     return asyncio.run(run())
 
 
-def test_the_relay_holds_what_comes_before_the_first_token_and_goes_with_it() -> None:
+def test_the_relay_holds_what_only_opens_the_answer_until_something_is_said() -> None:
+    plain = [message_start(), {"type": "ping"}, *text_block(0, "Hel", "lo"), *MESSAGE_END]
+    batches = relay(sse(plain), MessagesStream())
+    # message_start, the ping and the block's start wait for the first text: one batch
+    assert [frame for event in batches[0] for frame in event.frames] == plain[:4]
+    assert isinstance(batches[0][-1], TextDelta) and batches[0][-1].text == "Hel"
+    assert [f for batch in batches for e in batch for f in e.frames] == plain
+    # a thinking delta says something: it goes out as it comes
     batches = relay(sse(GOOD_MESSAGES), MessagesStream())
-    first = batches[0]
-    # message_start, ping and the thinking block wait for the first text: one batch
-    assert isinstance(first[-1], TextDelta) and first[-1].text == "Hel"
-    assert all(isinstance(e, Passed) for e in first[:-1])
+    assert [frame["type"] for event in batches[0] for frame in event.frames] == [
+        "message_start",
+        "ping",
+        "content_block_start",
+        "content_block_delta",
+    ]
+    assert batches[0][-1].frames[0]["delta"]["type"] == "thinking_delta"
     assert [f for batch in batches for e in batch for f in e.frames] == GOOD_MESSAGES
 
 
