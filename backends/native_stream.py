@@ -268,29 +268,38 @@ class ResponsesStream:
     each output item added before its parts and events and done once, each content part added
     before its deltas and done once, nothing open at the terminal event (completed, incomplete
     or failed), which is the last; an `error` event (or `response.failed`) is the upstream's
-    failure."""
+    failure.
 
-    __slots__ = ("calls", "created", "done", "ended", "items", "parts")
+    Where is what the client is owed: an event without the `output_index`, `content_index` or
+    `sequence_number` the API requires (llama.cpp's server names items by `item_id` alone) gets
+    them, from the item it names and the order things were added."""
+
+    __slots__ = ("calls", "created", "done", "ended", "ids", "items", "open_parts", "parts", "sequence")
 
     def __init__(self) -> None:
         self.created = False
         self.ended = False
         self.items: dict[int, str] = {}  # open output items: output_index → type
+        self.ids: dict[str, int] = {}  # items' ids → their output_index
         self.done: set[int] = set()
-        self.parts: set[tuple[int, int]] = set()  # open content parts
+        self.parts: dict[int, int] = {}  # each item's content parts added so far
+        self.open_parts: dict[int, int] = {}  # each item's open content part
         self.calls = 0
+        self.sequence = 0
 
     def defect(self, what: str) -> BadGateway:
         return defect("Responses", what)
 
     def feed(self, frame: Any) -> list[Event]:
-        if not isinstance(frame, Mapping):
+        if not isinstance(frame, dict):
             raise self.defect("an event that is not an object")
         kind = frame.get("type")
         if kind == "error":
             raise upstream_error(frame)
         if self.ended:
             raise self.defect(f"'{kind}' after the terminal event")
+        sequence = frame.setdefault("sequence_number", self.sequence)
+        self.sequence = (sequence if type(sequence) is int else self.sequence) + 1
         if not self.created:
             if kind != "response.created":
                 raise self.defect(f"'{kind}' before response.created")
@@ -303,13 +312,26 @@ class ResponsesStream:
         except (KeyError, TypeError, AttributeError) as exc:
             raise self.defect(f"a malformed '{kind}' event ({type(exc).__name__}: {exc})") from None
 
-    def open_item(self, kind: str, frame: Mapping[str, Any]) -> int:
-        index = frame["output_index"]
+    def open_item(self, kind: str, frame: dict[str, Any]) -> int:
+        """The open item an event is about (its `output_index`, else the item its id names)."""
+        index = frame.get("output_index")
+        if index is None:
+            item_id = frame["item_id"] if "item_id" in frame else frame["item"]["id"]
+            index = frame["output_index"] = self.ids.get(item_id, -1)
         if index not in self.items:
             raise self.defect(f"'{kind}' for output item {index}, which is not open")
-        return index
+        return int(index)
 
-    def read(self, kind: Any, frame: Mapping[str, Any]) -> list[Event]:
+    def open_part(self, kind: str, frame: dict[str, Any]) -> tuple[int, int]:
+        """The open content part an event is about (its `content_index`, else its item's last)."""
+        index = self.open_item(kind, frame)
+        open_part = self.open_parts.get(index)
+        part = frame.setdefault("content_index", -1 if open_part is None else open_part)
+        if part != open_part:
+            raise self.defect(f"'{kind}' for content part {part} of item {index}, which is not open")
+        return index, part
+
+    def read(self, kind: Any, frame: dict[str, Any]) -> list[Event]:
         if kind in RESPONSES_TERMINAL:
             response = frame["response"]
             if kind == "response.failed":
@@ -320,46 +342,50 @@ class ResponsesStream:
             reason = response_finish(response, self.calls > 0)
             return [Finish(0, reason, frames=[]), responses_usage(response.get("usage"), [frame])]
         if kind == "response.output_item.added":
-            index = frame["output_index"]
+            item = frame["item"]
+            index = frame.setdefault("output_index", len(self.items) + len(self.done))
             if index in self.items or index in self.done:
                 raise self.defect(f"output item {index} added twice")
-            self.items[index] = frame["item"]["type"]
+            self.items[index] = item["type"]
+            if isinstance(item.get("id"), str):
+                self.ids[item["id"]] = index
             return [Passed([frame])]
         if kind == "response.output_item.done":
             index = self.open_item(kind, frame)
-            if any(item == index for item, _ in self.parts):
+            if index in self.open_parts:
                 raise self.defect(f"output item {index} done while a content part is open")
             del self.items[index]
             self.done.add(index)
             item = frame["item"]
             if item["type"] == "function_call":
-                call = ToolCallDelta(
-                    0, self.calls, item["call_id"], item["name"], item.get("arguments") or "", frames=[frame]
-                )
+                arguments = item.get("arguments") or ""
+                call = ToolCallDelta(0, self.calls, item["call_id"], item["name"], arguments, frames=[frame])
                 self.calls += 1
                 return [call]
             return [Passed([frame])]
         if kind == "response.content_part.added":
-            part = (self.open_item(kind, frame), frame["content_index"])
-            if part in self.parts:
-                raise self.defect(f"content part {part[1]} of item {part[0]} added twice")
-            self.parts.add(part)
+            index = self.open_item(kind, frame)
+            if index in self.open_parts:
+                raise self.defect(f"a content part of item {index} added while another is open")
+            added = self.parts.get(index, 0)
+            part = frame.setdefault("content_index", added)
+            if part != added:
+                raise self.defect(f"content part {part} of item {index} added out of order")
+            self.parts[index], self.open_parts[index] = added + 1, part
             return [Passed([frame])]
         if kind == "response.content_part.done":
-            part = (self.open_item(kind, frame), frame["content_index"])
-            if part not in self.parts:
-                raise self.defect(f"content part {part[1]} of item {part[0]} done but not open")
-            self.parts.discard(part)
+            index, _ = self.open_part(kind, frame)
+            del self.open_parts[index]
             return [Passed([frame])]
         if kind in ("response.output_text.delta", "response.refusal.delta"):
-            part = (self.open_item(kind, frame), frame["content_index"])
-            if part not in self.parts:
-                raise self.defect(f"'{kind}' for content part {part[1]}, which is not open")
+            self.open_part(kind, frame)
             delta = frame["delta"]
             if kind == "response.output_text.delta":
                 return [TextDelta(0, delta, frames=[frame])]
             return [RefusalDelta(0, delta, frames=[frame])]
-        if "output_index" in frame and isinstance(kind, str) and kind.endswith((".delta", ".done")):
+        if kind in ("response.output_text.done", "response.refusal.done"):
+            self.open_part(kind, frame)
+        elif "output_index" in frame or "item_id" in frame:
             self.open_item(kind, frame)  # an item's own event (arguments, reasoning …): inside it
         return [Passed([frame])]
 

@@ -142,3 +142,38 @@ LLAMA_CREATED_TWICE = [
     *message_item(0, "\ufffdP")[:3],
     created("response.created", 4),
 ]
+
+
+def llama_unindexed() -> list[dict[str, Any]]:
+    """llama.cpp's server's Responses stream as it sends it: items named by `item_id` alone, no
+    `output_index`, `content_index` or `sequence_number` (fresh frames: a reader fills them in)."""
+    item = {"content": [], "id": "msg_R", "role": "assistant", "status": "in_progress", "type": "message"}
+    part = {"type": "output_text", "annotations": [], "logprobs": [], "text": "Ej"}
+    done = {**item, "status": "completed", "content": [part]}
+    response = {"id": "resp_A", "object": "response", "status": "in_progress"}
+    usage = {"input_tokens": 11, "output_tokens": 4, "total_tokens": 15}
+    return [
+        {"type": "response.created", "response": response},
+        {"type": "response.in_progress", "response": response},
+        {"type": "response.output_item.added", "item": item},
+        {
+            "type": "response.content_part.added",
+            "item_id": "msg_R",
+            "part": {"type": "output_text", "text": ""},
+        },
+        {"type": "response.output_text.delta", "item_id": "msg_R", "delta": "E"},
+        {"type": "response.output_text.delta", "item_id": "msg_R", "delta": "j"},
+        {"type": "response.output_text.done", "item_id": "msg_R", "text": "Ej"},
+        {"type": "response.content_part.done", "item_id": "msg_R", "part": part},
+        {"type": "response.output_item.done", "item": done},
+        {
+            "type": "response.completed",
+            "response": {
+                **response,
+                "status": "completed",
+                "model": "tiny-gguf",
+                "output": [done],
+                "usage": usage,
+            },
+        },
+    ]

@@ -36,9 +36,11 @@ BUDGET_KEY, BUDGET_SHA = new_key()
 BUDGET = 60  # tokens a day: a few answers of the tiny model
 # With the tiny random model at temperature 0, these prompts' first token is a whole UTF-8
 # character (the server's streams are well formed) or an incomplete one (they are broken).
-GOOD_PROMPT = "Tell me about the river."
+GOOD_PROMPT = "Name a river"
 BROKEN_PROMPT = "Hello there"
 MAX_TOKENS = 8
+MAX_OUTPUT = 16  # the least the Responses API takes
+GREEDY = {"temperature": 0}  # the anthropic SDK no longer names temperature; the API takes it
 
 
 def llama_server_program() -> Path:
@@ -77,6 +79,22 @@ class Native:
         assert answer.status_code == 200, answer.text
         result: dict[str, Any] = answer.json()
         return result
+
+    def streamed_text(self, path: str, body: dict[str, Any]) -> str:
+        """The text of the server's own stream, asked directly (llama.cpp's server streams
+        other words than it answers whole when tokens split UTF-8 characters)."""
+        sent = {**body, "model": self.server.model, "stream": True}
+        answer = httpx.post(f"{self.server.base_url}{path}", json=sent, timeout=60)
+        assert answer.status_code == 200, answer.text
+        texts = []
+        for line in answer.text.splitlines():
+            if line.startswith("data: "):
+                event = json.loads(line[6:])
+                if event["type"] == "content_block_delta" and event["delta"]["type"] == "text_delta":
+                    texts.append(event["delta"]["text"])
+                elif event["type"] == "response.output_text.delta":
+                    texts.append(event["delta"])
+        return "".join(texts)
 
     def metric(self, name: str, **labels: str) -> float:
         text = httpx.get(f"{self.gateway}/metrics", timeout=10).text
@@ -131,11 +149,11 @@ def message_text(body: Any) -> str:
 
 def test_the_anthropic_sdk_gets_the_servers_own_message(native: Native) -> None:
     client = anthropic_client(native)
-    params: dict[str, Any] = {"max_tokens": MAX_TOKENS, "temperature": 0, "messages": user(GOOD_PROMPT)}
-    raw = client.messages.with_raw_response.create(model="tiny", **params)
+    params: dict[str, Any] = {"max_tokens": MAX_TOKENS, "messages": user(GOOD_PROMPT)}
+    raw = client.messages.with_raw_response.create(model="tiny", **params, extra_body=GREEDY)
     assert "x-chatgate-dropped-params" not in raw.headers  # cache_control went upstream
     message = raw.parse()
-    direct = native.direct("/messages", params)
+    direct = native.direct("/messages", {**params, **GREEDY})
     assert message.content[0].type == "text"
     assert message.content[0].text == message_text(direct)
     assert message.model == "tiny" and message.stop_reason == direct["stop_reason"]
@@ -144,13 +162,13 @@ def test_the_anthropic_sdk_gets_the_servers_own_message(native: Native) -> None:
 
 def test_the_anthropic_sdk_streams_the_servers_own_events(native: Native) -> None:
     client = anthropic_client(native)
-    params: dict[str, Any] = {"max_tokens": MAX_TOKENS, "temperature": 0, "messages": user(GOOD_PROMPT)}
+    params: dict[str, Any] = {"max_tokens": MAX_TOKENS, "messages": user(GOOD_PROMPT)}
     before = native.metric("chatgate_usage_tokens_total", deployment="tiny", type="output")
-    with client.messages.stream(model="tiny", **params) as stream:
+    with client.messages.stream(model="tiny", **params, extra_body=GREEDY) as stream:
         assert "x-chatgate-dropped-params" not in stream.response.headers
         text = "".join(stream.text_stream)
         final = stream.get_final_message()
-    assert text == message_text(native.direct("/messages", params))
+    assert text == native.streamed_text("/messages", {**params, **GREEDY})
     assert final.usage.output_tokens > 0
     after = native.metric("chatgate_usage_tokens_total", deployment="tiny", type="output")
     assert after - before == final.usage.output_tokens  # the server's own count
@@ -158,7 +176,7 @@ def test_the_anthropic_sdk_streams_the_servers_own_events(native: Native) -> Non
 
 def test_the_openai_sdk_gets_the_servers_own_response_whole_and_streamed(native: Native) -> None:
     client = openai_client(native)
-    params: dict[str, Any] = {"input": GOOD_PROMPT, "max_output_tokens": MAX_TOKENS, "temperature": 0}
+    params: dict[str, Any] = {"input": GOOD_PROMPT, "max_output_tokens": MAX_OUTPUT, "temperature": 0}
     direct = native.direct("/responses", params)
     direct_text = "".join(
         part["text"] for item in direct["output"] if item["type"] == "message" for part in item["content"]
@@ -169,7 +187,7 @@ def test_the_openai_sdk_gets_the_servers_own_response_whole_and_streamed(native:
     before = native.metric("chatgate_usage_tokens_total", deployment="tiny", type="input")
     with client.responses.stream(model="tiny", **params) as stream:
         final = stream.get_final_response()
-    assert final.output_text == direct_text
+    assert final.output_text == native.streamed_text("/responses", params)
     assert final.usage is not None
     after = native.metric("chatgate_usage_tokens_total", deployment="tiny", type="input")
     assert after - before == final.usage.input_tokens
@@ -191,11 +209,11 @@ def test_thinking_reaches_the_server_and_is_not_named_dropped(native: Native) ->
 
 
 def test_the_servers_broken_messages_stream_is_an_upstream_failure(native: Native) -> None:
-    params: dict[str, Any] = {"max_tokens": MAX_TOKENS, "temperature": 0, "messages": user(BROKEN_PROMPT)}
+    params: dict[str, Any] = {"max_tokens": MAX_TOKENS, "messages": user(BROKEN_PROMPT)}
     # the defect is the server's: its own stream has no message_start
     direct = httpx.post(
         f"{native.server.base_url}/messages",
-        json={**params, "model": native.server.model, "stream": True},
+        json={**params, **GREEDY, "model": native.server.model, "stream": True},
         timeout=60,
     )
     kinds = [json.loads(line[6:])["type"] for line in direct.text.splitlines() if line.startswith("data: ")]
@@ -213,14 +231,14 @@ def test_the_servers_broken_messages_stream_is_an_upstream_failure(native: Nativ
 
 
 def test_the_servers_broken_responses_stream_is_an_upstream_failure(native: Native) -> None:
-    params: dict[str, Any] = {"input": BROKEN_PROMPT, "max_output_tokens": MAX_TOKENS, "temperature": 0}
+    params: dict[str, Any] = {"input": BROKEN_PROMPT, "max_output_tokens": MAX_OUTPUT, "temperature": 0}
     direct = httpx.post(
         f"{native.server.base_url}/responses",
         json={**params, "model": native.server.model, "stream": True},
         timeout=60,
     )
     kinds = [json.loads(line[6:])["type"] for line in direct.text.splitlines() if line.startswith("data: ")]
-    assert kinds.count("response.created") == 2  # the server's own defect
+    assert kinds.count("response.created") > 1  # the server's own defect
     errors = native.metric("chatgate_upstream_errors_total", deployment="tiny")
     answer = httpx.post(
         f"{native.gateway}/v1/responses",
@@ -243,11 +261,11 @@ def test_the_servers_broken_responses_stream_is_an_upstream_failure(native: Nati
 
 def test_a_keys_budget_is_charged_the_servers_own_usage(native: Native) -> None:
     client = anthropic_client(native, BUDGET_KEY)
-    params: dict[str, Any] = {"max_tokens": MAX_TOKENS, "temperature": 0, "messages": user(GOOD_PROMPT)}
+    params: dict[str, Any] = {"max_tokens": MAX_TOKENS, "messages": user(GOOD_PROMPT)}
     used = 0
     for _ in range(20):
         try:
-            message = client.messages.create(model="tiny", **params)
+            message = client.messages.create(model="tiny", **params, extra_body=GREEDY)
         except anthropic.RateLimitError as refused:
             spent = re.search(r"\(([\d,.]+) spent\)", str(refused))
             assert spent is not None, str(refused)

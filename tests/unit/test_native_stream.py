@@ -29,6 +29,7 @@ from tests.support.native_frames import (
     MESSAGE_END,
     completed,
     created,
+    llama_unindexed,
     message_item,
     message_start,
     text_block,
@@ -137,7 +138,7 @@ def test_an_incomplete_response_finishes_for_its_reason() -> None:
         ([created(), message_item(0)[0], message_item(0)[-1], message_item(0)[-1]], "which is not open"),
         (
             [created(), *message_item(0, "a")[:1], message_item(0, "a")[2]],
-            "content part 0, which is not open",
+            "content part 0 of item 0, which is not open",
         ),
     ],
 )
@@ -231,3 +232,19 @@ def test_the_relay_refuses_a_stream_cut_before_its_end() -> None:
         relay(sse(GOOD_MESSAGES[:-1]), MessagesStream())
     with pytest.raises(BadGateway, match="before message_start"):
         relay(sse(LLAMA_NO_MESSAGE_START), MessagesStream())
+
+
+def test_a_stream_that_names_items_by_id_alone_gets_the_indexes_the_api_requires() -> None:
+    reader = ResponsesStream()
+    frames = llama_unindexed()
+    events = read_all(reader, frames)
+    assert reader.ended
+    assert [e.text for e in events if isinstance(e, TextDelta)] == ["E", "j"]
+    assert [frame["sequence_number"] for frame in frames] == list(range(len(frames)))
+    assert all(frame["output_index"] == 0 for frame in frames[2:-1])
+    assert all(frame["content_index"] == 0 for frame in frames[3:-2])
+    # an id never added is no item
+    stray = llama_unindexed()
+    stray[4]["item_id"] = "msg_other"
+    with pytest.raises(BadGateway, match="output item -1, which is not open"):
+        read_all(ResponsesStream(), stray)
