@@ -1,6 +1,6 @@
-"""A native pass-through in front of llama.cpp's own server (`llama-server`, which speaks
-Messages and Responses): a real `chatgate serve` with `native: [messages, responses]`, the
-official anthropic and openai SDKs against it. The upstream's answer comes through (the same
+"""A native pass-through in front of llama.cpp's own server and vLLM (both speak Messages and
+Responses): a real `chatgate serve` with `native: [messages, responses]`, the official anthropic
+and openai SDKs against it. The upstream's answer comes through (the same
 text the server gives directly), usage is the server's own (in /metrics and charged to the key's
 budget), `thinking`/`cache_control` are not named dropped, and the server's broken streams (its
 first token an incomplete UTF-8 sequence: no `message_start`, `response.created` twice) end as
@@ -9,12 +9,10 @@ upstream failures, never as a clean 200 stream."""
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -24,10 +22,8 @@ import pytest
 import yaml
 
 from gateway.policy.auth import new_key
-from tests.support import real_servers
-from tests.support.real_servers import RunningServer, convert_to_gguf, free_port, running_server
+from tests.support.real_servers import RunningServer, cached_gguf, cached_model, llama_server, vllm_server
 from tests.support.servers import running_gateway
-from tests.support.tiny_model import save_tiny_model
 
 pytestmark = [pytest.mark.system, pytest.mark.slow]
 
@@ -43,31 +39,9 @@ MAX_OUTPUT = 16  # the least the Responses API takes
 GREEDY = {"temperature": 0}  # the anthropic SDK no longer names temperature; the API takes it
 
 
-def llama_server_program() -> Path:
-    """llama.cpp's server: the suite's (tests/support/real_servers.py), or $CHATGATE_LLAMA_SERVER."""
-    given = os.environ.get("CHATGATE_LLAMA_SERVER")
-    if given:
-        return Path(given)
-    binary = getattr(real_servers, "llama_server_binary", None)
-    assert binary is not None, "llama.cpp's server is not in the suite: set CHATGATE_LLAMA_SERVER"
-    found: Path = binary()
-    return found
-
-
-@contextmanager
-def llama_server(gguf: Path, workdir: Path) -> Iterator[RunningServer]:
-    port = free_port()
-    command = [
-        str(llama_server_program()), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
-        "-a", "tiny-gguf", "--no-webui", "-np", "2", "-t", "1", "-c", "1024",
-    ]  # fmt: skip
-    log = workdir / "llama-server.log"
-    with running_server(command, f"http://127.0.0.1:{port}/health", log):
-        yield RunningServer(f"http://127.0.0.1:{port}/v1", "tiny-gguf", log)
-
-
 @dataclass(frozen=True)
 class Native:
+    name: str
     server: RunningServer
     gateway: str
 
@@ -106,10 +80,17 @@ class Native:
 
 
 @pytest.fixture(scope="module")
-def native(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Native]:
-    workdir = tmp_path_factory.mktemp("native-llama")
-    gguf = convert_to_gguf(save_tiny_model(workdir / "model"), workdir / "tiny.gguf")
-    with llama_server(gguf, workdir) as server:
+def native(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Native]:
+    """The named server (`llama.cpp`: its own server on the tiny model; `vllm`: on `tiny64`,
+    whose head size vLLM's CPU attention takes) behind a gateway whose deployment `tiny` passes
+    Messages and Responses through."""
+    name = request.param
+    workdir = tmp_path_factory.mktemp(f"native-{name}")
+    with ExitStack() as stack:
+        if name == "llama.cpp":
+            server = stack.enter_context(llama_server(cached_gguf("tiny"), workdir))
+        else:
+            server = stack.enter_context(vllm_server(cached_model("tiny64"), workdir))
         options = {
             "base_url": server.base_url,
             "upstream_model": server.model,
@@ -124,8 +105,13 @@ def native(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Native]:
         }
         path = workdir / "chatgate.yaml"
         path.write_text(yaml.safe_dump(config))
-        with running_gateway(workdir, path) as gateway:
-            yield Native(server, gateway)
+        gateway = stack.enter_context(running_gateway(workdir, path))
+        yield Native(name, server, gateway)
+
+
+BOTH = pytest.mark.parametrize("native", ["llama.cpp", "vllm"], indirect=True)
+# the broken streams are llama.cpp's server's (vLLM's are well formed)
+LLAMA = pytest.mark.parametrize("native", ["llama.cpp"], indirect=True)
 
 
 def anthropic_client(native: Native, key: str = KEY) -> anthropic.Anthropic:
@@ -147,6 +133,7 @@ def message_text(body: Any) -> str:
     return "".join(block["text"] for block in body["content"] if block["type"] == "text")
 
 
+@BOTH
 def test_the_anthropic_sdk_gets_the_servers_own_message(native: Native) -> None:
     client = anthropic_client(native)
     params: dict[str, Any] = {"max_tokens": MAX_TOKENS, "messages": user(GOOD_PROMPT)}
@@ -160,6 +147,7 @@ def test_the_anthropic_sdk_gets_the_servers_own_message(native: Native) -> None:
     assert message.usage.output_tokens == direct["usage"]["output_tokens"]
 
 
+@BOTH
 def test_the_anthropic_sdk_streams_the_servers_own_events(native: Native) -> None:
     client = anthropic_client(native)
     params: dict[str, Any] = {"max_tokens": MAX_TOKENS, "messages": user(GOOD_PROMPT)}
@@ -174,6 +162,7 @@ def test_the_anthropic_sdk_streams_the_servers_own_events(native: Native) -> Non
     assert after - before == final.usage.output_tokens  # the server's own count
 
 
+@BOTH
 def test_the_openai_sdk_gets_the_servers_own_response_whole_and_streamed(native: Native) -> None:
     client = openai_client(native)
     params: dict[str, Any] = {"input": GOOD_PROMPT, "max_output_tokens": MAX_OUTPUT, "temperature": 0}
@@ -193,7 +182,11 @@ def test_the_openai_sdk_gets_the_servers_own_response_whole_and_streamed(native:
     assert after - before == final.usage.input_tokens
 
 
+@BOTH
 def test_thinking_reaches_the_server_and_is_not_named_dropped(native: Native) -> None:
+    """vLLM reads `thinking` and holds it to Anthropic's rules (a budget of at least 1024 tokens,
+    less than max_tokens: more than the tiny models' window), so its own 400 for a budget past
+    max_tokens shows the field arrived; llama.cpp's server takes it and answers."""
     body = {
         "model": "tiny",
         "max_tokens": MAX_TOKENS,
@@ -203,11 +196,16 @@ def test_thinking_reaches_the_server_and_is_not_named_dropped(native: Native) ->
     answer = httpx.post(
         f"{native.gateway}/anthropic/v1/messages", json=body, headers={"x-api-key": KEY}, timeout=60
     )
+    if native.name == "vllm":
+        assert answer.status_code == 400, answer.text
+        assert "budget_tokens must be less than max_tokens" in answer.json()["error"]["message"]
+        return
     assert answer.status_code == 200, answer.text
     assert "x-chatgate-dropped-params" not in answer.headers
     assert answer.json()["type"] == "message"
 
 
+@LLAMA
 def test_the_servers_broken_messages_stream_is_an_upstream_failure(native: Native) -> None:
     params: dict[str, Any] = {"max_tokens": MAX_TOKENS, "messages": user(BROKEN_PROMPT)}
     # the defect is the server's: its own stream has no message_start
@@ -230,6 +228,7 @@ def test_the_servers_broken_messages_stream_is_an_upstream_failure(native: Nativ
     assert native.metric("chatgate_upstream_errors_total", deployment="tiny") > errors
 
 
+@LLAMA
 def test_the_servers_broken_responses_stream_is_an_upstream_failure(native: Native) -> None:
     params: dict[str, Any] = {"input": BROKEN_PROMPT, "max_output_tokens": MAX_OUTPUT, "temperature": 0}
     direct = httpx.post(
@@ -259,6 +258,7 @@ def test_the_servers_broken_responses_stream_is_an_upstream_failure(native: Nati
         stream.get_final_response()
 
 
+@BOTH
 def test_a_keys_budget_is_charged_the_servers_own_usage(native: Native) -> None:
     client = anthropic_client(native, BUDGET_KEY)
     params: dict[str, Any] = {"max_tokens": MAX_TOKENS, "messages": user(GOOD_PROMPT)}
