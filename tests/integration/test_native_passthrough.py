@@ -29,7 +29,7 @@ from tests.support.native_frames import (
     message_start,
     text_block,
 )
-from tests.support.servers import running_gateway
+from tests.support.servers import started_gateway
 
 pytestmark = pytest.mark.integration
 
@@ -44,6 +44,7 @@ WHOLE_MESSAGE = {
     "usage": {"input_tokens": 11, "output_tokens": 7, "cache_read_input_tokens": 2},
 }
 FORBIDDEN = "zebra"
+LOGS: dict[str, Path] = {}  # each gateway's log, by its URL
 WHOLE_RESPONSE = {
     **completed()["response"],
     "output": [
@@ -141,7 +142,8 @@ def gateway(tmp_path_factory: pytest.TempPathFactory, log_dir: Path) -> Iterator
     path = tmp_path_factory.mktemp("native") / "chatgate.yaml"
     path.write_text(yaml.safe_dump(config))
     try:
-        with running_gateway(log_dir, path) as url:
+        with started_gateway(log_dir, path) as (_process, url, log):
+            LOGS[url] = log
             yield url
     finally:
         server.shutdown()
@@ -233,6 +235,11 @@ def test_a_responses_stream_passes_through_and_a_broken_one_ends_in_an_error_eve
     assert not any(e["type"] == "response.completed" for e in got)
     metrics = httpx.get(f"{gateway}/metrics", timeout=10).text
     assert 'chatgate_upstream_errors_total{deployment="native"' in metrics
+    # the access log says how the 200 ended
+    request_id = broken.headers["x-request-id"]
+    lines = [json.loads(text) for text in LOGS[gateway].read_text().splitlines() if text.startswith("{")]
+    (line,) = [line for line in lines if line.get("request_id") == request_id and "status" in line]
+    assert (line["status"], line["error"]) == (200, "UpstreamStreamBroken")
 
 
 def test_usage_is_counted_from_the_upstreams_own(gateway: str) -> None:
