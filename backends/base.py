@@ -147,6 +147,9 @@ class Capabilities:
     # … and where each is charged its prompt (the answer's usage sums them), the limits and
     # budgets count the prompt once a choice at admission
     prompt_per_choice: bool = False
+    # The client dialects its upstream speaks too (`messages`, `responses`): a request in one of
+    # them goes upstream as it came (`ChatRequest.native`), nothing dropped
+    native: frozenset[str] = frozenset()
 
 
 class Backend(Protocol):

@@ -53,6 +53,7 @@ from backends.http.status import (
     status_error,
 )
 from backends.http.stream_decoders import StreamDecoder, decoder_for
+from backends.native_stream import PATHS, native_stream, relayed, whole_answer
 from backends.stop_strings import ending
 from gateway.core.canonical import (
     FROM_TOKEN,
@@ -63,6 +64,7 @@ from gateway.core.canonical import (
     Finish,
     FinishReason,
     Item,
+    NativeBody,
     PromptTokensDetails,
     RefusalDelta,
     ServedBy,
@@ -195,6 +197,12 @@ class Options(NetworkOptions, ChoiceOptions, ProbeOptions):
         default=None, description="The model name sent upstream (default: the served model)."
     )
     max_tokens_parameter: Literal["max_tokens", "max_completion_tokens"] = "max_tokens"
+    native: list[Literal["messages", "responses"]] = Field(
+        default_factory=list,
+        description="The client dialects the upstream speaks too (`messages`: Anthropic's "
+        "`{base_url}/messages`, `responses`: OpenAI's `{base_url}/responses`): a request in one of "
+        "them goes upstream as the client sent it (a native pass-through), nothing lost.",
+    )
     stream_usage: bool = Field(
         default=True,
         description="Ask for a stream's usage (`stream_options: {include_usage: true}`); false for "
@@ -288,6 +296,7 @@ class OpenAICompatibleBackend:
             max_n=most_choices(self.options),
             requests_per_choice=fan_out,
             prompt_per_choice=fan_out,
+            native=frozenset(self.options.native),
         )
         # decided once, at start: where the connections go, and how TLS is checked (a bad
         # certificate file stops the gateway here, not at the first request)
@@ -360,6 +369,9 @@ class OpenAICompatibleBackend:
     def generate(self, request: ChatRequest) -> EventStream:
         """The answer's events: from one upstream request, or (`options.n: fan-out`) from one per
         choice asked for."""
+        native = request.native
+        if native is not None and native.dialect in self.capabilities.native:
+            return self.native_answer(request, native)
         asked = choices_asked(request)
         if asked is not None and asked > 1 and self.options.n != "native":
             if self.options.n == "fan-out":
@@ -464,6 +476,58 @@ class OpenAICompatibleBackend:
                         pass
             except (UpstreamError, TimeoutError):
                 pass
+
+    # ----- a native pass-through (backends.native_stream) -----------------------------------
+
+    def native_body(self, request: ChatRequest, native: NativeBody) -> dict[str, Any]:
+        """The client's body as it came, but for the deployment's model, the policy's edits (its
+        bound on the answer, extra parameters it dropped) and whether it streams."""
+        extra = native.extra
+        body = {k: v for k, v in native.body.items() if k not in extra or k in request.extra}
+        body["model"] = self.upstream_model
+        if request.stream:
+            body["stream"] = True
+        else:
+            body.pop("stream", None)
+        if request.max_tokens is not None:
+            body["max_tokens" if native.dialect == "messages" else "max_output_tokens"] = request.max_tokens
+        return body
+
+    async def native_answer(self, request: ChatRequest, native: NativeBody) -> EventStream:
+        """The answer of an upstream that speaks the client's dialect: its frames, checked and
+        read (backends.native_stream), each carried on the events it stands for."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        deadline = started + self.options.total
+        first_deadline = min(deadline, started + self.options.first_byte)
+        client = self._client or self.client
+        sent = orjson.dumps(self.native_body(request, native))
+        answer: UpstreamResponse | None = None
+        request.trace.answered(None)
+        try:
+            async with asyncio.timeout_at(first_deadline if request.stream else deadline) as timeout:
+                answer = await client.post(PATHS[native.dialect], sent, request.trace.headers())
+                request.trace.answered(answer.headers.get("x-request-id"))
+                status = answer.status
+                decoder = decoder_for(answer.media_type) if 200 <= status < 300 else None
+                if decoder is None:
+                    timeout.reschedule(deadline)
+                    raw = await answer.read()
+            if status >= 400:
+                raise self.status_error(status, raw, answer.headers, request.trace.request_id)
+            if not 200 <= status < 300:
+                raise BadGateway(f"The upstream model server answered HTTP {status}, not an answer.")
+            if decoder is None:
+                yield whole_answer(native.dialect, parse_json(raw))
+                return
+            reader = native_stream(native.dialect)
+            async for batch in relayed(answer.read_some, decoder, reader, first_deadline, deadline):
+                yield batch
+        except (UpstreamError, TimeoutError) as exc:
+            raise self.transport_error(exc, loop.time() - started) from None
+        finally:
+            if answer is not None:
+                answer.close()
 
     def completion_events(self, body: Any, request: ChatRequest, asked: int | None) -> list[Event]:
         """A whole chat.completion as events: per choice its text, tool calls and finish; then usage.

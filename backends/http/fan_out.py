@@ -15,6 +15,7 @@ from gateway.core.canonical import (
     Event,
     EventStream,
     Item,
+    Passed,
     PromptTokensDetails,
     ServedBy,
     Usage,
@@ -63,7 +64,7 @@ async def joined(answers: list[EventStream]) -> EventStream:
                 if isinstance(event, Usage):
                     usages.append(event)
                     continue
-                if not isinstance(event, ServedBy):
+                if not isinstance(event, ServedBy | Passed):
                     event.index = k
                 batch.append(event)
             if batch:

@@ -65,6 +65,20 @@ class ChatRequest:
     # What the dialect's translator keeps of the body to write its answers with (the Responses
     # API echoes its request in every response): its own, read by nothing else.
     echo: Any = None
+    # The body as the client sent it in its own dialect, for a deployment whose upstream speaks
+    # that dialect too (a native pass-through): its `dialect` is one the backends name
+    # (`messages`, `responses`). Not a reading of the body, so not compared.
+    native: NativeBody | None = field(default=None, compare=False)
+
+
+@dataclass(slots=True)
+class NativeBody:
+    """A chat body in the client's own dialect, sent upstream as it came (a backend whose
+    upstream speaks the dialect sets the model, the policy's edits and `stream`)."""
+
+    dialect: Literal["messages", "responses"]
+    body: dict[str, Any]
+    extra: frozenset[str] = frozenset()  # its fields the document does not define
 
 
 class FromToken(Enum):
@@ -105,6 +119,9 @@ class TextDelta:
     text: str
     logprobs: list[TokenLogprob] | None = None
     last: bool = False
+    # The upstream's own frames this event stands for, when the upstream spoke the client's
+    # dialect (a native pass-through: the dialect writes them as they came); None: made here.
+    frames: list[Any] | None = None
 
 
 @dataclass(slots=True)
@@ -115,6 +132,9 @@ class RefusalDelta:
     index: int
     text: str
     logprobs: list[TokenLogprob] | None = None
+    # The upstream's own frames this event stands for, when the upstream spoke the client's
+    # dialect (a native pass-through: the dialect writes them as they came); None: made here.
+    frames: list[Any] | None = None
 
 
 @dataclass(slots=True)
@@ -126,6 +146,9 @@ class ToolCallDelta:
     id: str
     name: str
     arguments: str
+    # The upstream's own frames this event stands for, when the upstream spoke the client's
+    # dialect (a native pass-through: the dialect writes them as they came); None: made here.
+    frames: list[Any] | None = None
 
 
 @dataclass(slots=True)
@@ -136,6 +159,9 @@ class Finish:
     index: int
     reason: FinishReason
     stop: str | None = None
+    # The upstream's own frames this event stands for, when the upstream spoke the client's
+    # dialect (a native pass-through: the dialect writes them as they came); None: made here.
+    frames: list[Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +188,9 @@ class Usage:
     completion_tokens: int
     completion_tokens_details: CompletionTokensDetails | None = None
     prompt_tokens_details: PromptTokensDetails | None = None
+    # The upstream's own frames this event stands for, when the upstream spoke the client's
+    # dialect (a native pass-through: the dialect writes them as they came); None: made here.
+    frames: list[Any] | None = None
 
     @property
     def total_tokens(self) -> int:
@@ -176,9 +205,21 @@ class ServedBy:
 
     system_fingerprint: str | None = None
     service_tier: str | None = None
+    # The upstream's own frames this event stands for, when the upstream spoke the client's
+    # dialect (a native pass-through: the dialect writes them as they came); None: made here.
+    frames: list[Any] | None = None
 
 
-Event = TextDelta | RefusalDelta | ToolCallDelta | Finish | Usage | ServedBy
+@dataclass(slots=True)
+class Passed:
+    """Upstream frames in the client's own dialect with no canonical meaning (a native
+    pass-through: its message's start, a block's start, a thinking delta, a ping …), written as
+    they came by the dialect that speaks them and by no other."""
+
+    frames: list[Any]
+
+
+Event = TextDelta | RefusalDelta | ToolCallDelta | Finish | Usage | ServedBy | Passed
 # What a backend yields: one event, or a batch of events it has at once (a whole completion,
 # an upstream chunk's several events), never empty. A batch passes every layer in one step:
 # per item, not per event, is what the async generators between a backend and a client cost.

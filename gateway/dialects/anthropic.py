@@ -22,6 +22,7 @@ from gateway.core.canonical import (
     Event,
     Finish,
     FinishReason,
+    NativeBody,
     RefusalDelta,
     TextDelta,
     ToolCallDelta,
@@ -29,6 +30,7 @@ from gateway.core.canonical import (
 )
 from gateway.core.errors import (
     BadRequest,
+    ContentFiltered,
     GatewayError,
     ModelNotFound,
     NotFound,
@@ -148,6 +150,8 @@ class MessageStream:
     stop_reason: anthropic_doc.StopReason = None
     stop_sequence: str | None = None
     called: bool = False  # whether a tool_use block went out
+    native: bool = False  # the upstream's own frames are written (a native pass-through)
+    stopped: bool = False  # a policy step ended it (the content filter): nothing more is written
 
 
 def stop_reason(finish: FinishReason, called: bool) -> anthropic_doc.StopReason:
@@ -202,11 +206,15 @@ class AnthropicTranslator:
             extra=extra,
             defaulted=defaulted(self.facts.defaults, body, PARAMETERS),
             dropped=sorted(dropped),
+            native=NativeBody("messages", body, frozenset(extra)),  # type: ignore[arg-type]
         )
 
     # ----- a whole answer --------------------------------------------------------------------
 
     def completion(self, answer: Answer, completion: Completion) -> anthropic_doc.Message:
+        native = completion.usage.frames
+        if native and not filtered(completion):  # the upstream's own message, as the client's
+            return cast("anthropic_doc.Message", {**native[0], "id": answer.id, "model": answer.model})
         choice = completion.choices[0] if completion.choices else None
         content: list[anthropic_doc.ContentBlock] = []
         reason: anthropic_doc.StopReason = "end_turn"
@@ -265,6 +273,8 @@ class AnthropicTranslator:
         return [stop]
 
     def chunks(self, answer: Answer, event: Event, state: MessageStream) -> list[Any]:
+        if state.native or event.frames is not None:
+            return self.native_chunks(answer, event, state)
         out: list[Any] = []
         if not state.started:
             state.started = True
@@ -334,6 +344,26 @@ class AnthropicTranslator:
                 out.append({"type": "message_stop"})
         return out
 
+    def native_chunks(self, answer: Answer, event: Event, state: MessageStream) -> list[Any]:
+        """An upstream's own frames as they came, the message's id and model the client's; an
+        event a policy step made instead (the content filter's finish) ends the stream with an
+        error event."""
+        state.native = True
+        if state.stopped:
+            return []
+        frames = event.frames
+        if frames is None:
+            if isinstance(event, Finish) and event.reason == "content_filter":
+                state.stopped = True
+                return [self.error_body(FILTERED, "")]
+            return []
+        return [
+            {**frame, "message": {**frame["message"], "id": answer.id, "model": answer.model}}
+            if frame.get("type") == "message_start"
+            else frame
+            for frame in frames
+        ]
+
     # ----- errors ----------------------------------------------------------------------------
 
     @staticmethod
@@ -384,6 +414,15 @@ class AnthropicTranslator:
 
     def stream_error(self, error: GatewayError, request_id: str, state: MessageStream) -> Any:
         return self.error(error, request_id).body
+
+
+FILTERED = ContentFiltered("The answer was stopped by the content filter.", code="content_filter")
+
+
+def filtered(completion: Completion) -> bool:
+    """Whether a policy step ended a choice (the content filter): the answer is then the
+    gateway's own rendering, not the upstream's."""
+    return any(choice.finish_reason == "content_filter" for choice in completion.choices)
 
 
 # ----- the other operations ------------------------------------------------------------------

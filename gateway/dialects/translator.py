@@ -8,6 +8,9 @@ A stream is one `new_stream_state()` and one `chunks` call per canonical event, 
 events' own order is the backends' contract (backends/base.py): an answer's events end with one
 `Usage`, after every choice's `Finish`; so a translator writes what opens its stream with the
 first event it renders (its state says whether it has) and what closes it with the `Usage`.
+Events that carry `frames` come from an upstream that spoke the translator's own dialect (a
+native pass-through, backends/native_stream.py): only a translator of that dialect sees them,
+and writes the frames as they came.
 """
 
 from __future__ import annotations

@@ -74,8 +74,12 @@ class ExtraParameters:
     def apply(self, admission: Admission) -> None:
         chosen = resolve_policy(admission.asked.get(EXTRA_PARAMS_HEADER), self.default)
         dropped = apply_extra_params(admission.request, chosen)
-        if admission.request.dropped:  # what the dialect itself dropped
-            dropped = sorted({*dropped, *admission.request.dropped})
+        request = admission.request
+        # what the dialect itself dropped, unless the upstream takes the body as it came
+        speaks = admission.deployment.capabilities.native
+        native = request.native is not None and request.native.dialect in speaks
+        if request.dropped and not native:
+            dropped = sorted({*dropped, *request.dropped})
         if dropped:
             admission.headers.append((DROPPED_HEADER.encode(), dropped_header(dropped)))
 

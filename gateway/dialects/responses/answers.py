@@ -82,6 +82,11 @@ def usage_body(usage: Usage) -> openai_doc.ResponseUsage:
     }
 
 
+def as_clients(answer: Answer, response: dict[str, Any]) -> dict[str, Any]:
+    """An upstream's response as the client's: this answer's id and the model it asked for."""
+    return {**response, "id": answer.id, "model": answer.model}
+
+
 def echo_of(request: ChatRequest) -> Echo:
     echo = request.echo
     assert isinstance(echo, Echo), "a Responses request carries its echo"
@@ -220,6 +225,8 @@ class ResponseStream:
     served: ServedBy = field(default_factory=ServedBy)
     reason: FinishReason | None = None
     response: dict[str, Any] | None = None  # the whole response, once it has ended
+    native: bool = False  # the upstream's own events are written (a native pass-through)
+    stopped: bool = False  # a policy step ended it (the content filter): nothing more is written
 
 
 class ResponsesTranslator:
@@ -239,6 +246,9 @@ class ResponsesTranslator:
     # ----- a whole answer ------------------------------------------------------------------
 
     def completion(self, answer: Answer, completion: Completion) -> openai_doc.Response:
+        native = completion.usage.frames
+        if native and not any(choice.finish_reason == "content_filter" for choice in completion.choices):
+            return as_clients(answer, native[0])  # type: ignore[return-value]
         output: list[dict[str, Any]] = []
         reason: FinishReason | None = None
         for choice in completion.choices[:1]:  # one choice: the Responses API has no `n`
@@ -278,6 +288,8 @@ class ResponsesTranslator:
         ]
 
     def chunks(self, answer: Answer, event: Event, state: ResponseStream) -> list[Any]:
+        if state.native or event.frames is not None:
+            return self.native_chunks(answer, event, state)
         out = self.opening(answer, state) if not state.started else []
         match event:
             case TextDelta(index=0, text=text, logprobs=logprobs):
@@ -400,6 +412,37 @@ class ResponsesTranslator:
         )
         item["arguments"], item["status"] = call.arguments, "completed"
         out.append(self.item_event(state, "response.output_item.done", item))
+        return out
+
+    def native_chunks(self, answer: Answer, event: Event, state: ResponseStream) -> list[Any]:
+        """An upstream's own events as they came, the response's id and model the client's (the
+        last one kept for the store); an event a policy step made instead (the content filter's
+        finish) ends the stream with an error event."""
+        state.native = True
+        if state.stopped:
+            return []
+        frames = event.frames
+        if frames is None:
+            if isinstance(event, Finish) and event.reason == "content_filter":
+                state.stopped = True
+                stopped = {
+                    "type": "error",
+                    "code": "content_filter",
+                    "message": "The answer was stopped by the content filter.",
+                    "param": None,
+                }
+                return [self.event(state, stopped)]
+            return []
+        out = []
+        for frame in frames:
+            if "response" in frame:
+                frame = {**frame, "response": as_clients(answer, frame["response"])}
+                if frame.get("type") in ("response.completed", "response.incomplete"):
+                    state.response = frame["response"]
+            sequence = frame.get("sequence_number")
+            if type(sequence) is int:
+                state.sequence = sequence + 1
+            out.append(frame)
         return out
 
     # ----- errors --------------------------------------------------------------------------

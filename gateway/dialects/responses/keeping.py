@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 from starlette.responses import Response
 
-from gateway.core.canonical import ChatRequest
+from gateway.core.canonical import ChatRequest, NativeBody
 from gateway.core.errors import BadRequest, NotFound
 from gateway.core.ids import random_hex
 from gateway.core.token_count import estimate
@@ -66,6 +66,8 @@ class ResponseKeeping:
         echo = request.echo
         if isinstance(echo, Echo) and (echo.previous_response_id is not None or echo.references):
             await expand(self.store, call.caller.identity, request, echo)
+            if request.native is not None:  # an upstream that speaks Responses knows none of it
+                request.native = continued(request.native, echo)
 
     async def answered(self, call: OperationCall, answer: Answer, body: Any) -> None:
         await self.keep(call, answer, body)
@@ -85,6 +87,19 @@ class ResponseKeeping:
             "history": [*echo.history, *items, *response["output"]],
         }
         await self.store.put(call.caller.identity, answer.id, record)
+
+
+def continued(native: NativeBody, echo: Echo) -> NativeBody:
+    """A continued conversation's body for an upstream that takes Responses: the stored history
+    and the resolved input as its input, no `previous_response_id` (the id is this gateway's)."""
+    body = {k: v for k, v in native.body.items() if k != "previous_response_id"}
+    body["input"] = [*(upstream_item(item) for item in echo.history), *echo.items]
+    return NativeBody(native.dialect, body, native.extra)
+
+
+def upstream_item(item: dict[str, Any]) -> dict[str, Any]:
+    """A stored item as input: without the ids and status this gateway gave it."""
+    return {k: v for k, v in item.items() if k not in ("id", "status")}
 
 
 async def expand(store: ResponseStore, owner: str, request: ChatRequest, echo: Echo) -> None:

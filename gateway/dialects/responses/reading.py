@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.core.canonical import ChatRequest
+from gateway.core.canonical import ChatRequest, NativeBody
 from gateway.core.errors import BadRequest
 from gateway.dialects.defaults import defaulted
 from gateway.dialects.translator import DocumentFacts
@@ -254,4 +254,5 @@ def read(facts: DocumentFacts, body: Mapping[str, Any]) -> ChatRequest:
             history_at=history_at,
             references=any(is_reference(item) for item in items),
         ),
+        native=NativeBody("responses", body, frozenset(extra)),  # type: ignore[arg-type]
     )
