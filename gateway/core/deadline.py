@@ -55,6 +55,27 @@ class Deadline:
             self.waiting = None
             self.fired = False
 
+    def arm(self, task: asyncio.Task, when: float) -> None:
+        """`wait` taken apart, for a loop that waits at every turn (a stream's relay): `task`'s
+        next wait must end by `when`, until `disarm`; a CancelledError meanwhile is this
+        deadline's if `passed` says so. No coroutine a wait, no task looked up."""
+        self.when = when
+        handle = self.handle
+        if handle is None or handle.when() > when:
+            if handle is not None:
+                handle.cancel()
+            self.handle = self.loop.call_at(when, self.check)
+        self.waiting = task
+
+    def disarm(self) -> None:
+        self.waiting = None
+        self.fired = False
+
+    def passed(self, task: asyncio.Task, cancelling: int) -> bool:
+        """Whether the cancellation of the armed wait was this deadline's (and no one else's:
+        `cancelling` is the task's count before the wait, as in `wait`)."""
+        return self.fired and task.uncancel() <= cancelling
+
     def check(self) -> None:
         self.handle = None
         if self.waiting is None:
