@@ -7,10 +7,10 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from asyncio import current_task
 from collections.abc import Awaitable, Callable
 
 from gateway.core.canonical import ChatRequest, EventStream, Item, Usage
+from gateway.core.deadline import task_of
 from gateway.core.errors import GatewayError, GatewayTimeout, ServiceUnavailable
 from gateway.fleet.attempt import NOT_RETRIED, RETRYABLE, Attempt, verdict_of
 from gateway.fleet.router import Replica, RoutedDeployment
@@ -147,7 +147,8 @@ class Dispatcher:
         says while the request waits for a replica with room."""
         attempt, item = await self.started(deployment, request, record, on_usage, queue)
         upstream, deadline = attempt.events, attempt.watchdog.deadline
-        clock = deadline.loop.time
+        loop = deadline.loop
+        clock = loop.time
         turn_at = clock() + TURN_SECONDS
         async with attempt:
             while item is not None:
@@ -166,7 +167,7 @@ class Dispatcher:
                     turn_at = clock() + TURN_SECONDS
                 # the task that asks for the next item (the first ones are asked for by the chat
                 # flow's wait for the first token, the rest by the request's own task)
-                task = current_task()
+                task = task_of(loop)
                 assert task is not None
                 cancelling = task.cancelling()
                 attempt.arm(task)
