@@ -63,8 +63,11 @@ class EventStreamResponse(Response):
             await send(
                 {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
             )
-            await self.write_body(send)
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            # the head went through every wrapper of `send`; the body's pieces need none of them
+            # (the front door's adds the request id to the head only)
+            body_send = getattr(send, "body_send", send)
+            await self.write_body(body_send)
+            await body_send({"type": "http.response.body", "body": b"", "more_body": False})
         except asyncio.CancelledError:
             if not watch.gone or task.cancelling() != 1:
                 raise
