@@ -21,7 +21,7 @@ import base64
 import logging
 import re
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -424,8 +424,25 @@ class OpenAICompatibleBackend:
             if not 200 <= status < 300:
                 raise BadGateway(f"The upstream model server answered HTTP {status}, not a completion.")
             if decoder is not None:
-                async for event in self.relay(answer, decoder, request, asked, first_deadline, deadline):
-                    yield event
+                # the stream decoded and its events passed on chunk by chunk as they arrive (a
+                # chunk's events as one item), from this generator: no layer of its own
+                state = StreamState(asked or self.capabilities.max_n, request.stop)
+                read = answer.read_some  # whatever has arrived; b"" only at the end
+                until = Deadline(first_deadline)  # until the first generated chunk, then the whole's
+                try:
+                    while not decoder.done:
+                        piece = await until.wait(read())
+                        for payload in decoder.feed(piece) if piece else decoder.close():
+                            if events := state.feed(parse_json(payload)):
+                                until.when = deadline
+                                yield events
+                        if not piece:
+                            break
+                finally:
+                    until.close()
+                yield self.stream_end(decoder, state, request, asked)
+                if decoder.done:  # read the stream's end so the connection can be reused
+                    await drained(read)
                 return
             yield self.completion_events(parse_json(raw), request, asked)
         except (UpstreamError, TimeoutError) as exc:
@@ -436,46 +453,17 @@ class OpenAICompatibleBackend:
                 # (timeout, error, the client went away) the upstream sees us hang up
                 answer.close()
 
-    async def relay(
-        self,
-        answer: UpstreamResponse,
-        decoder: StreamDecoder,
-        request: ChatRequest,
-        asked: int | None,
-        first_deadline: float,
-        deadline: float,
-    ) -> AsyncIterator[Item]:
-        """Decode the upstream's stream and yield its events chunk by chunk, as they arrive (a
-        chunk's events as one batch)."""
-        state = StreamState(asked or self.capabilities.max_n, request.stop)
-        read = answer.read_some  # whatever has arrived; b"" only at the end
-        # until the first generated chunk, then the whole answer's deadline
-        until = Deadline(first_deadline)
-        try:
-            while not decoder.done:
-                piece = await until.wait(read())
-                payloads = decoder.feed(piece) if piece else decoder.close()
-                for payload in payloads:
-                    if events := state.feed(parse_json(payload)):
-                        until.when = deadline
-                        yield events
-                if not piece:
-                    break
-        finally:
-            until.close()
+    def stream_end(
+        self, decoder: StreamDecoder, state: StreamState, request: ChatRequest, asked: int | None
+    ) -> Item:
+        """A stream's last item: its choices' ends and its usage (estimated when it sent none);
+        a stream cut before its answer was finished, or with fewer choices than asked, refused."""
         if not decoder.done and state.unfinished:
             raise BadGateway("The upstream closed the stream before the answer was finished.")
         self.check_choices(len(state.seen), asked)
         if state.usage is None:
             self.warn_no_usage()
-        yield [*state.close(), state.usage or Usage(request.prompt_tokens, state.fragments)]
-        if decoder.done:  # read the stream's end so the connection can be reused
-            try:
-                async with asyncio.timeout(DRAIN_AFTER_DONE_SECONDS):
-                    while await read():
-                        pass
-            except (UpstreamError, TimeoutError):
-                pass
+        return [*state.close(), state.usage or Usage(request.prompt_tokens, state.fragments)]
 
     # ----- a native pass-through (backends.native_stream) -----------------------------------
 
@@ -946,6 +934,16 @@ def counts(details: Any, names: tuple[str, ...]) -> dict[str, int] | None:
 
 def new_call_id() -> str:
     return "call_" + uuid.uuid4().hex[:24]
+
+
+async def drained(read: Callable[[], Awaitable[bytes]]) -> None:
+    """What follows a stream's end marker read and dropped, for a while."""
+    try:
+        async with asyncio.timeout(DRAIN_AFTER_DONE_SECONDS):
+            while await read():
+                pass
+    except (UpstreamError, TimeoutError):
+        pass
 
 
 def stream_error(error: Any) -> GatewayError:

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
 from starlette.responses import Response
+from starlette.types import Message, Send
 
 from gateway.core.canonical import (
     ChatRequest,
@@ -171,7 +172,7 @@ class ChatPipeline:
                 runtime.ended()
 
         return EventStreamResponse(
-            self.stream(answer, first, events, call, keepalive),
+            functools.partial(self.stream, answer, first, events, call, keepalive),
             framing.media_type,
             admission.headers,
             call.record,
@@ -192,18 +193,20 @@ class ChatPipeline:
         events: EventStream,
         call: Call,
         keepalive: float | None,
-    ) -> AsyncIterator[bytes]:
-        """The answer's events as the dialect's stream; a failure ends it with an error in the
-        dialect's shape (an error event its SDKs raise on), never an invented finish reason."""
+        send: Send,
+    ) -> None:
+        """The answer's events written as the dialect's stream, each item rendered and sent as it
+        comes (the stream's one loop past the dispatcher's); a failure ends it with an error in
+        the dialect's shape (an error event its SDKs raise on), never an invented finish reason."""
         translator, hook = self.translator, self.hook
-        frame = translator.framing.error
+        framing = translator.framing
         state = translator.new_stream_state()
         room = self.max_response_bytes
         try:
             while not first.done():
                 await asyncio.wait({first}, timeout=keepalive)
-                if not first.done() and translator.framing.keepalive is not None:
-                    yield translator.framing.keepalive
+                if not first.done() and framing.keepalive is not None:
+                    await send(body_message(framing.keepalive))
             held = first.result()
             if held:
                 # what came up to the first token goes out in one write (a choice's role chunk
@@ -212,29 +215,30 @@ class ChatPipeline:
                     room -= len(data)
                     if hook is not None and ends(held[-1]):
                         await hook.streamed(call, answer, state)  # kept before the client reads the end
-                    yield data
+                    await send(body_message(data))
                 # a turn of the loop, so that the first chunk leaves now: the edge joins what
                 # one turn writes, and a burst the upstream sent at once (all read in this
                 # turn) would otherwise hold it back until the burst was rendered
                 await asyncio.sleep(0)
+                rendered = self.rendered
                 async for item in events:
-                    if data := self.rendered(answer, item, state):
+                    if data := rendered(answer, item, state):
                         room -= len(data)
                         if room < 0:
                             raise answer_too_large(self.max_response_bytes)
                         if hook is not None and ends(item):
                             await hook.streamed(call, answer, state)
-                        yield data
+                        await send({"type": "http.response.body", "body": data, "more_body": True})
         except GatewayError as error:
             # the status went out as 200 with the first byte; the record says how it ended
             call.record.error_code = error.code
-            yield frame(translator.stream_error(error, call.request_id, state))
+            await send(body_message(framing.error(translator.stream_error(error, call.request_id, state))))
             return
         except Exception:  # an unexpected fault mid-stream: report it in shape, never hang
             log.exception("stream failed")
             failure = InternalError("The backend failed mid-stream.")
             call.record.error_code = failure.code
-            yield frame(translator.stream_error(failure, call.request_id, state))
+            await send(body_message(framing.error(translator.stream_error(failure, call.request_id, state))))
             return
         finally:
             if not first.done():
@@ -242,8 +246,13 @@ class ChatPipeline:
                 with contextlib.suppress(BaseException):
                     await first
             await events.aclose()
-        if translator.framing.done is not None:
-            yield translator.framing.done
+        if framing.done is not None:
+            await send(body_message(framing.done))
+
+
+def body_message(data: bytes) -> Message:
+    """A piece of a stream's body, as ASGI sends it."""
+    return {"type": "http.response.body", "body": data, "more_body": True}
 
 
 async def until_started(first: asyncio.Future, hold: float | None, queue: QueueWait) -> None:

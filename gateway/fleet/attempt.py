@@ -3,6 +3,7 @@ of its events, the replica's health verdict, and the upstream's stream closed ho
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Literal
@@ -79,18 +80,30 @@ class Watchdog:
     def __init__(self) -> None:
         self.deadline = Deadline(0.0)
         self.loop = self.deadline.loop
+        self.timeout, self.what = 0.0, ""  # the armed wait's (for its error)
 
     async def next(self, events: EventStream, timeout: float, what: str) -> Item | None:
         self.deadline.when = self.loop.time() + timeout
         try:
             return await self.deadline.wait(anext(events, None))
         except DeadlinePassed:
-            raise GatewayTimeout(
-                f"The model did not answer in time ({what}: {timeout:g}s).", code="UpstreamTimeout"
-            ) from None
+            raise timed_out(timeout, what) from None
+
+    def arm(self, task: asyncio.Task, timeout: float, what: str) -> None:
+        """`task`'s next wait for the upstream timed by a loop that waits itself (`next` taken
+        apart: gateway/fleet/dispatch.py's relay); `timed_out()` is the error once it passed."""
+        self.timeout, self.what = timeout, what
+        self.deadline.arm(task, self.loop.time() + timeout)
+
+    def timed_out(self) -> GatewayTimeout:
+        return timed_out(self.timeout, self.what)
 
     def stop(self) -> None:
         self.deadline.close()
+
+
+def timed_out(timeout: float, what: str) -> GatewayTimeout:
+    return GatewayTimeout(f"The model did not answer in time ({what}: {timeout:g}s).", code="UpstreamTimeout")
 
 
 class Attempt:
@@ -124,6 +137,7 @@ class Attempt:
         self.span = self.start_span(tracing)
         self.events = replica.backend.generate(request)
         self.watchdog = Watchdog()
+        self.idle = routed.config.timeouts.idle
         self.relayed = 0  # completion tokens passed on, while no usage has come
         self.usage_seen = False
 
@@ -192,12 +206,21 @@ class Attempt:
 
     def next_item(self) -> Awaitable[Item | None]:
         """The upstream's next item, within the idle timeout and what is left of the total."""
+        return self.watchdog.next(self.events, *self.next_limit())
+
+    def arm(self, task: asyncio.Task) -> None:
+        """`task`'s next wait for the upstream's item timed as `next_item` times it, by a loop
+        that waits itself (gateway/fleet/dispatch.py's relay)."""
+        self.watchdog.arm(task, *self.next_limit())
+
+    def next_limit(self) -> tuple[float, str]:
+        """How long the wait for the next item may take: the idle timeout, or what is left of
+        the total (none left: TotalTimeout)."""
         remaining = self.deadline - time.monotonic()
         if remaining <= 0:
             raise GatewayTimeout("The request took longer than its total time.", code="TotalTimeout")
-        idle = self.deployment.config.timeouts.idle
-        what = "idle between chunks" if idle <= remaining else "total time"
-        return self.watchdog.next(self.events, min(idle, remaining), what)
+        idle = self.idle
+        return (idle, "idle between chunks") if idle <= remaining else (remaining, "total time")
 
     async def ended_by(self, error: BaseException) -> None:
         """The answer, begun, ended in `error`: the replica's verdict and the upstream closed."""

@@ -10,6 +10,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from gateway.core.canonical import ChatRequest, EventStream, Item, Usage
+from gateway.core.deadline import task_of
 from gateway.core.errors import GatewayError, GatewayTimeout, ServiceUnavailable
 from gateway.fleet.attempt import NOT_RETRIED, RETRYABLE, Attempt, verdict_of
 from gateway.fleet.router import Replica, RoutedDeployment
@@ -33,6 +34,9 @@ def request_failed(error: GatewayError, replicas: int) -> GatewayError:
 TURN_SECONDS = 0.005
 OnUsage = Callable[[Usage], Awaitable[None]]  # hears an answer's usage as it passes (to charge it)
 Take = Callable[[Item], None]  # takes a whole answer's items, one by one
+# An answer's screen (its steps, gateway/policy/answer_steps.py): an item as it passes on
+# (changed, or as it was), or None: nothing of it.
+Screen = Callable[[Item], Item | None]
 
 
 class QueueWait:
@@ -134,18 +138,26 @@ class Dispatcher:
         record: RequestRecord,
         on_usage: OnUsage | None = None,
         queue: QueueWait | None = None,
+        screen: Screen | None = None,
     ) -> EventStream:
-        """A stream's items, passed on as they come (one generator between the backend and the
-        answer's steps); `on_usage` hears the usage as it passes (to charge for it); `queue` says
-        while the request waits for a replica with room."""
+        """A stream's items, passed on as they come: the one loop between the backend's events
+        and the chat flow. It times each wait for the upstream itself (the attempt's watchdog
+        armed and disarmed: no coroutine a wait), `on_usage` hears the usage as it passes (to
+        charge for it), `screen` (the answer's steps) sees each item before it goes on; `queue`
+        says while the request waits for a replica with room."""
         attempt, item = await self.started(deployment, request, record, on_usage, queue)
-        clock = attempt.watchdog.loop.time
+        upstream, deadline = attempt.events, attempt.watchdog.deadline
+        loop = deadline.loop
+        clock = loop.time
         turn_at = clock() + TURN_SECONDS
         async with attempt:
             while item is not None:
                 if (charging := attempt.noted(item)) is not None:
                     await charging
-                yield item
+                if screen is None:
+                    yield item
+                elif (passed := screen(item)) is not None:
+                    yield passed
                 if clock() >= turn_at:
                     # A backend with events ready (echo, a buffered upstream) and a client that
                     # takes them without waiting (or has gone, so sends return at once) would
@@ -153,7 +165,22 @@ class Dispatcher:
                     # disconnect is heard (it cancels this task here).
                     await asyncio.sleep(0)
                     turn_at = clock() + TURN_SECONDS
-                item = await attempt.next_item()
+                # the task that asks for the next item (the first ones are asked for by the chat
+                # flow's wait for the first token, the rest by the request's own task)
+                task = task_of(loop)
+                assert task is not None
+                cancelling = task.cancelling()
+                attempt.arm(task)
+                try:
+                    item = await upstream.__anext__()
+                except StopAsyncIteration:
+                    item = None
+                except asyncio.CancelledError:
+                    if deadline.passed(task, cancelling):
+                        raise attempt.watchdog.timed_out() from None
+                    raise
+                finally:
+                    deadline.disarm()
 
     async def complete(
         self,
@@ -162,16 +189,20 @@ class Dispatcher:
         record: RequestRecord,
         take: Take,
         on_usage: OnUsage | None = None,
+        screen: Screen | None = None,
     ) -> None:
         """A whole answer (a request not streamed), its items handed to `take` in the request's
-        own task (which may refuse more: an answer too large), under the same timeouts and
-        verdicts as a stream: no generator between the backend's events and the handler."""
+        own task (which may refuse more: an answer too large), under the same timeouts, verdicts
+        and `screen` as a stream: no generator between the backend's events and the handler."""
         attempt, item = await self.started(deployment, request, record, on_usage, None)
         async with attempt:
             while item is not None:
                 if (charging := attempt.noted(item)) is not None:
                     await charging
-                take(item)
+                if screen is None:
+                    take(item)
+                elif (passed := screen(item)) is not None:
+                    take(passed)
                 item = await attempt.next_item()
 
     async def started(

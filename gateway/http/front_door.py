@@ -521,11 +521,24 @@ class FrontDoor(SpecMiddleware):
 
     @staticmethod
     def with_request_id(send: Send, request_id: bytes, record: RequestRecord | None) -> Send:
-        async def send_with_id(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", ()), (REQUEST_ID_HEADER, request_id)]
-                if record is not None:
-                    record.status = message["status"]
-            await send(message)
+        return SendWithId(send, request_id, record)
 
-        return send_with_id
+
+class SendWithId:
+    """`send`, with the request id added to the answer's head and its status recorded. Nothing
+    else of the answer needs it: a stream writes its body pieces with `body_send`, the send
+    underneath (gateway/http/streaming.py), one call less a chunk."""
+
+    __slots__ = ("body_send", "record", "request_id")
+
+    def __init__(self, send: Send, request_id: bytes, record: RequestRecord | None) -> None:
+        self.body_send = send
+        self.request_id = request_id
+        self.record = record
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message["headers"] = [*message.get("headers", ()), (REQUEST_ID_HEADER, self.request_id)]
+            if self.record is not None:
+                self.record.status = message["status"]
+        await self.body_send(message)

@@ -1,17 +1,19 @@
-"""A streamed answer sent from the request's own task.
+"""A streamed answer sent from the request's own task, its body written by one coroutine.
 
 Starlette's StreamingResponse (under uvicorn's ASGI 2.3) starts an anyio task group and a new
 task for the body on every stream, which was a fifth of the time to the first chunk here. This
 sends the head and the chunks from the calling task at once. When the client goes away the
 sending is cancelled, so a stalled upstream is hung up on promptly: by the connection itself
 behind the gateway's edge (its ClientWatch, gateway/core/disconnect.py: nothing made per stream),
-else by one plain task listening on `receive`.
+else by one plain task listening on `receive`. The body is not an iterator of chunks but what
+writes them (`Body`): the chat flow's relay loop sends each chunk itself, with no generator
+between it and the connection.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
@@ -20,11 +22,15 @@ from gateway.core.disconnect import ClientWatch, client_watch
 from gateway.core.errors import ClientGone
 from gateway.telemetry.record import RequestRecord
 
+# Writes a stream's chunks with `send` (each an `http.response.body` with `more_body`), once the
+# head went out; the response sends the end.
+Body = Callable[[Send], Awaitable[None]]
+
 
 class EventStreamResponse(Response):
     def __init__(
         self,
-        body: AsyncIterator[bytes],
+        body: Body,
         media_type: str,
         raw_headers: list[tuple[bytes, bytes]],
         record: RequestRecord | None = None,
@@ -32,7 +38,7 @@ class EventStreamResponse(Response):
     ) -> None:
         self.record = record  # says how the stream ended, when the client ended it
         self.on_end = on_end  # called once the stream has ended, however it ended
-        self.body_iterator = body
+        self.write_body = body
         self.status_code = 200
         self.media_type = media_type
         self.background = None
@@ -57,9 +63,11 @@ class EventStreamResponse(Response):
             await send(
                 {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
             )
-            async for chunk in self.body_iterator:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            # the head went through every wrapper of `send`; the body's pieces need none of them
+            # (the front door's adds the request id to the head only)
+            body_send = getattr(send, "body_send", send)
+            await self.write_body(body_send)
+            await body_send({"type": "http.response.body", "body": b"", "more_body": False})
         except asyncio.CancelledError:
             if not watch.gone or task.cancelling() != 1:
                 raise
@@ -70,13 +78,8 @@ class EventStreamResponse(Response):
             watch.task = None  # only while suspended in the sending above (one thread)
             if listener is not None:
                 listener.cancel()
-            try:
-                aclose = getattr(self.body_iterator, "aclose", None)
-                if aclose is not None:
-                    await aclose()
-            finally:
-                if self.on_end is not None:
-                    await self.on_end()
+            if self.on_end is not None:
+                await self.on_end()
 
 
 async def listening(receive: Receive, watch: ClientWatch) -> None:

@@ -7,16 +7,14 @@ do: a screen costs something on every chunk."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 
-from gateway.core.canonical import Item, Usage
+from gateway.core.canonical import Usage
+from gateway.fleet.dispatch import Screen
 from gateway.fleet.router import RoutedDeployment
 from gateway.policy.admission import Admission, Policy
 from gateway.policy.budgets import Reservation, used
 from gateway.policy.limits import Limiter
-
-# One answer's screen: an item as it passes on (changed, or as it was), or None: nothing of it.
-Screen = Callable[[Item], Item | None]
 
 
 class Cost:

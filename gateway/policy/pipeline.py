@@ -4,9 +4,9 @@ Admission (before the backend is asked; each step may refuse the request):
     ROUTE picks the deployment; then ADMISSION, that deployment's steps, in this order.
 The answer (as it comes back), streamed or whole alike:
     ANSWER_USAGE — when the usage passes, in this order;
-    ANSWER_ITEMS — each item through their screens, in this order, and their ends when the
-    answer has ended (`screened`: one generator for all the screens of a stream;
-    `screened_take`: the same screens on a whole answer's way to the fold).
+    ANSWER_ITEMS — each item through their screens, in this order (`screen_of`: one call an
+    item, made by the dispatcher's one loop, streamed or whole), and their ends when the answer
+    has ended.
 (docs/configuration/policy.md lists the same order; tests/unit/test_policy_pipeline.py holds it.)
 
 Each deployment's lists are built once, when the runtime is (at start and at each reload),
@@ -22,7 +22,7 @@ from typing import Protocol, TypeVar
 from starlette.types import Receive
 
 from gateway.core.canonical import ChatRequest, EventStream, Item, Usage
-from gateway.fleet.dispatch import OnUsage, QueueWait, Take
+from gateway.fleet.dispatch import OnUsage, QueueWait, Screen, Take
 from gateway.fleet.router import RoutedDeployment, Router
 from gateway.policy.admission import Admission, Policy
 from gateway.policy.admission_steps import (
@@ -43,7 +43,6 @@ from gateway.policy.answer_steps import (
     OutputFilter,
     ReleaseMedia,
     ReleaseUnsettled,
-    Screen,
     SettleBudgets,
 )
 from gateway.policy.auth import Caller
@@ -82,6 +81,7 @@ class Dispatch(Protocol):
         record: RequestRecord,
         on_usage: OnUsage | None = None,
         queue: QueueWait | None = None,
+        screen: Screen | None = None,
     ) -> EventStream: ...
 
     def complete(
@@ -91,6 +91,7 @@ class Dispatch(Protocol):
         record: RequestRecord,
         take: Take,
         on_usage: OnUsage | None = None,
+        screen: Screen | None = None,
     ) -> Awaitable[None]: ...
 
 
@@ -205,11 +206,10 @@ class Pipeline:
         a replica with room."""
         steps = self.steps[admission.deployment.name]
         on_usage = usage_handler(steps.usage, admission) if steps.usage else None
-        events = self.dispatch.events(
-            admission.deployment, admission.request, admission.record, on_usage, queue
-        )
         screen = screen_of(steps.item_screens, admission) if steps.item_screens else None
-        return events if screen is None else screened(events, screen)
+        return self.dispatch.events(
+            admission.deployment, admission.request, admission.record, on_usage, queue, screen
+        )
 
     async def complete(self, admission: Admission, take: Take) -> None:
         """The whole answer (a request not streamed), handed over item by item to `take`, with
@@ -219,11 +219,7 @@ class Pipeline:
         screen = screen_of(steps.item_screens, admission) if steps.item_screens else None
         try:
             await self.dispatch.complete(
-                admission.deployment,
-                admission.request,
-                admission.record,
-                take if screen is None else screened_take(take, screen),
-                on_usage,
+                admission.deployment, admission.request, admission.record, take, on_usage, screen
             )
         finally:
             if steps.item_ends:
@@ -255,23 +251,3 @@ def screen_of(steps: list[ItemStep], admission: Admission) -> Screen | None:
         return item
 
     return chained
-
-
-async def screened(events: EventStream, screen: Screen) -> EventStream:
-    """A stream through its screen: one generator layer, however many steps screen it."""
-    try:
-        async for item in events:
-            if (passed := screen(item)) is not None:
-                yield passed
-    finally:
-        await events.aclose()
-
-
-def screened_take(take: Take, screen: Screen) -> Take:
-    """`take`, handed a whole answer's items through its screen."""
-
-    def take_screened(item: Item) -> None:
-        if (passed := screen(item)) is not None:
-            take(passed)
-
-    return take_screened

@@ -104,12 +104,12 @@ def stream_scenario(with_watch: bool) -> tuple[list[dict], RequestRecord, list[s
     gone = asyncio.Event()
     tasks_seen: list[int] = []
 
-    async def body():
+    async def body(send) -> None:
         try:
-            yield b"data: 1\n\n"
+            await send({"type": "http.response.body", "body": b"data: 1\n\n", "more_body": True})
             tasks_seen.append(len(asyncio.all_tasks()))
             await asyncio.sleep(60)  # a stalled upstream
-            yield b"data: 2\n\n"
+            await send({"type": "http.response.body", "body": b"data: 2\n\n", "more_body": True})
         finally:
             ended.append("body closed")
 
@@ -127,7 +127,7 @@ def stream_scenario(with_watch: bool) -> tuple[list[dict], RequestRecord, list[s
 
     async def scenario() -> None:
         scope = {"type": "http", "extensions": {SCOPE_KEY: watch}} if with_watch else {"type": "http"}
-        response = EventStreamResponse(body(), "text/event-stream", [], record, on_end=on_end)
+        response = EventStreamResponse(body, "text/event-stream", [], record, on_end=on_end)
         async with asyncio.timeout(5):
             await response(scope, receive, send)
 

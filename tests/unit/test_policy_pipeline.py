@@ -91,17 +91,27 @@ def test_a_step_is_in_a_deployments_list_only_where_configured(configured, admis
 
 
 class Told:
-    """A dispatch that answers with the items it was given (streamed or whole)."""
+    """A dispatch that answers with the items it was given (streamed or whole), through the
+    answer's screen as the dispatcher's loop puts them (gateway/fleet/dispatch.py)."""
 
     def __init__(self, items: list[Item]) -> None:
         self.items = items
+        self.screens: list[object] = []
 
-    async def events(self, deployment, request, record, on_usage=None, queue=None):
+    def passed(self, screen):
+        self.screens.append(screen)
         for item in self.items:
+            if screen is None:
+                yield item
+            elif (passed := screen(item)) is not None:
+                yield passed
+
+    async def events(self, deployment, request, record, on_usage=None, queue=None, screen=None):
+        for item in self.passed(screen):
             yield item
 
-    async def complete(self, deployment, request, record, take, on_usage=None):
-        for item in self.items:
+    async def complete(self, deployment, request, record, take, on_usage=None, screen=None):
+        for item in self.passed(screen):
             take(item)
 
 
