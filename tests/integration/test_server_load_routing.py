@@ -151,6 +151,10 @@ def test_a_conversation_goes_back_to_the_replica_that_holds_its_prefix(
     # a client's key keeps short prompts together too
     keyed = served(pair, lambda: ask(gateway, "affine", "", f"hi {time.monotonic()}", user="u-1"), 6)
     assert sorted(keyed) == [0, 6]
+    cache_keyed = served(
+        pair, lambda: ask(gateway, "affine", "", f"hi {time.monotonic()}", prompt_cache_key="c-9"), 6
+    )
+    assert sorted(cache_keyed) == [0, 6]
 
 
 def test_affinity_never_sends_work_to_a_full_replica(
