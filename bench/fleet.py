@@ -10,10 +10,12 @@ prompts (its slots and `--cache-ram` of CACHE_RAM_MIB): more tenants than one re
 as a GPU's KV cache holds fewer prefixes than a busy fleet sends it. Both replicas are started
 afresh for each routing (an empty cache each time).
 
-The workload: tenants with long system prompts of their own (~1,500 tokens), several
+The workload: tenants with long system prompts of their own (~1,450 tokens), several
 conversations each, each conversation a few turns (the turn before and its answer part of the
-next one's prompt); the conversations arrive one every ARRIVAL_GAP seconds, in an order that
-mixes the tenants, and run concurrently. Each request streams; its time to the first token is
+next one's prompt); the conversations arrive one every `arrival_gap` seconds, in an order that
+mixes the tenants, and run concurrently. Before it, unmeasured, one request of each tenant's
+(a few at once) stands for the traffic a fleet serving these tenants has had: the point is the
+steady state, not a fleet's first minute. Each request streams; its time to the first token is
 the time to the first chunk with text, as its client sees it; output tokens/s is every answer's
 completion tokens (the usage chunk) over the workload's wall time.
 
@@ -55,24 +57,13 @@ MODEL = "fleet"
 SLOTS = 2  # -np: requests a replica runs at once
 CONTEXT = 4096  # -c, shared by the slots
 CACHE_RAM_MIB = 32  # the host-memory prompt cache: a couple of long prompts beside the slots'
-WORDS = [
-    "alpha",
-    "bravo",
-    "charlie",
-    "delta",
-    "echo",
-    "foxtrot",
-    "golf",
-    "hotel",
-    "india",
-    "juliet",
-    "kilo",
-    "lima",
-    "mike",
-    "november",
-    "oscar",
-    "papa",
-]
+# words the model's tokenizer knows (tests/support/tiny_model.py): about 2.1 tokens a word
+VOCABULARY = (
+    "the quick brown fox jumps over lazy dog while cat sleeps in warm sun gateway "
+    "receives chat requests routes them to model and streams answer back river flows "
+    "past green hills small houses tall trees quiet fields stone bridge"
+)
+WORDS = tuple(VOCABULARY.split())
 START_TIMEOUT = 30.0
 
 
@@ -81,12 +72,13 @@ class Workload:
     tenants: int = 8
     conversations_per_tenant: int = 2
     turns: int = 3
-    system_words: int = 620  # about 1,450 tokens with the model's tokenizer
+    system_words: int = 680  # about 1,450 tokens with the model's tokenizer
     question_words: int = 12
     max_tokens: int = 16
     arrival_gap: float = 0.8  # seconds between two conversations' first turns
     think: float = 0.2  # seconds between an answer and the conversation's next turn
     seed: int = 41
+    warm_up_at_once: int = 4  # the unmeasured first requests, one a tenant, this many at a time
 
 
 QUICK = Workload(tenants=4, conversations_per_tenant=2, turns=2)
@@ -187,14 +179,14 @@ class Replicas:
             server.stop()
         self.servers = []
 
-    def cached_share(self) -> float:
-        """Prompt tokens served from the caches over all prompt tokens, both replicas."""
-        cached = total = 0.0
+    def prompt_tokens(self) -> tuple[float, float]:
+        """Prompt tokens taken from the servers' caches, and those computed, both replicas."""
+        cached = computed = 0.0
         for server in self.servers:
             text = fetch_text(server.url + "/metrics")
             cached += metric_value(text, "llamacpp:prompt_tokens_cached_total")
-            total += metric_value(text, "llamacpp:prompt_tokens_total")
-        return cached / (cached + total) if cached + total else 0.0
+            computed += metric_value(text, "llamacpp:prompt_tokens_total")
+        return cached, computed
 
 
 def fetch_text(url: str) -> str:
@@ -266,6 +258,23 @@ async def conversation(
         await asyncio.sleep(workload.think)
 
 
+async def warm_up(url: str, workload: Workload) -> list[Turn]:
+    """One request of each tenant's, unmeasured: the fleet has served these tenants before."""
+    limit = asyncio.Semaphore(workload.warm_up_at_once)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+
+        async def one(tenant: int) -> Turn:
+            async with limit:
+                messages = [
+                    {"role": "system", "content": system_prompt(tenant, workload.system_words)},
+                    {"role": "user", "content": "hello?"},
+                ]
+                turn, _ = await one_turn(session, url, messages, 2)
+                return turn
+
+        return await asyncio.gather(*(one(tenant) for tenant in range(workload.tenants)))
+
+
 async def run_workload(url: str, workload: Workload) -> tuple[list[Turn], float]:
     order = [(t, c) for c in range(workload.conversations_per_tenant) for t in range(workload.tenants)]
     random.Random(workload.seed).shuffle(order)
@@ -319,7 +328,15 @@ def measure(
     servers = replicas.start()
     gateway = start_chatgate(f"chatgate fleet {routing}", chatgate_config(servers, ROUTINGS[routing]))
     try:
-        turns, seconds = asyncio.run(run_workload(gateway.url + "/v1/chat/completions", workload))
+        url = gateway.url + "/v1/chat/completions"
+        # (a first token that is part of a character comes as no text: that is no failure here)
+        failed = [t.error for t in asyncio.run(warm_up(url, workload)) if t.error not in ("", "no text")]
+        if failed:
+            raise RuntimeError(f"the warm-up failed: {failed}; {servers[0].log_tail(5)}")
+        cached_before, computed_before = replicas.prompt_tokens()
+        turns, seconds = asyncio.run(run_workload(url, workload))
+        cached, computed = replicas.prompt_tokens()
+        cached, computed = cached - cached_before, computed - computed_before
         good = [t for t in turns if not t.error]
         ttfts = [t.ttft_ms for t in good]
         tokens = sum(t.tokens for t in good)
@@ -339,7 +356,7 @@ def measure(
             affinity={k: v for k, v in affinity_counts(gateway.url).items() if v}
             if "affinity" in routing
             else {},
-            cached_share=round(replicas.cached_share(), 3),
+            cached_share=round(cached / (cached + computed), 3) if cached + computed else 0.0,
             error_kinds=kinds,
         )
     finally:

@@ -1028,7 +1028,7 @@ def main(argv: list[str] | None = None) -> int:
         **results,
     }
     results["ratios"] = report.evaluate(results)
-    print(report.render(results))
+    print("\n".join(fleet.render(results)) if args.only_fleet else report.render(results))
     report.write_json(results, args.out / "latest.json")
     written = [str(args.out / "latest.json")]
     if not args.no_chart and not only:  # the chart draws the other points
