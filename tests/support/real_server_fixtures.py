@@ -1,7 +1,8 @@
 """The real servers of tests/support/real_servers.py with a real `chatgate serve` in front, as pytest
 fixtures: `upstream` is the server a test names (`@pytest.mark.parametrize("upstream", [...],
-indirect=True)`: "transformers", "llama.cpp" or "litellm"). A test module imports the fixtures
-it uses; each server and its gateway start once per module, when a test first needs them."""
+indirect=True)`: "transformers", "llama.cpp" (llama.cpp's own server), "vllm" or "litellm"). A
+test module imports the fixtures it uses; each server and its gateway start once per module,
+when a test first needs them."""
 
 from __future__ import annotations
 
@@ -19,10 +20,12 @@ import yaml
 from tests.support.dialect_clients import DIALECTS, Answer, Dialect
 from tests.support.real_servers import (
     RunningServer,
-    convert_to_gguf,
+    cached_gguf,
+    cached_model,
     litellm_proxy_server,
-    llama_cpp_server,
+    llama_server,
     transformers_serve,
+    vllm_server,
 )
 from tests.support.servers import started_gateway
 from tests.support.tiny_model import save_tiny_model
@@ -113,8 +116,9 @@ def upstream_with_gateway(name: str, model_dir: Path, workdir: Path) -> Iterator
         if name == "transformers":
             server = stack.enter_context(transformers_serve(model_dir, workdir))
         elif name == "llama.cpp":
-            gguf = convert_to_gguf(model_dir, workdir / "tiny.gguf")
-            server = stack.enter_context(llama_cpp_server(gguf, workdir))
+            server = stack.enter_context(llama_server(cached_gguf("tiny"), workdir))
+        elif name == "vllm":
+            server = stack.enter_context(vllm_server(cached_model("tiny64"), workdir))
         else:
             server = stack.enter_context(litellm_proxy_server(workdir))
         if name == "litellm":
@@ -162,6 +166,13 @@ def transformers_upstream(model_dir: Path, tmp_path_factory: pytest.TempPathFact
 @pytest.fixture(scope="module")
 def llama_cpp_upstream(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Upstream]:
     with upstream_with_gateway("llama.cpp", model_dir, tmp_path_factory.mktemp("llama.cpp")) as started:
+        yield started
+
+
+@pytest.fixture(scope="module")
+def vllm_upstream(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Upstream]:
+    """vLLM on the `tiny64` model (vLLM's CPU attention rejects the tiny model's head_dim 16)."""
+    with upstream_with_gateway("vllm", model_dir, tmp_path_factory.mktemp("vllm")) as started:
         yield started
 
 

@@ -65,17 +65,29 @@ def build_tokenizer(vocab_size: int = 512, chat_template: bool = True) -> PreTra
     )
 
 
-def build_model(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> LlamaForCausalLM:
-    """A 2-layer Llama with hidden size 64 and random weights (fixed by `seed`)."""
+# Llama shapes over the same tokenizer: `tiny` (139,584 parameters, head_dim 16) is the suite's;
+# `tiny-long` the same with a 4096-token window (llama.cpp's server caps its own at the model's);
+# `tiny64` has head_dim 64, the smallest that vLLM's CPU attention takes (it rejects 16);
+# `medium` (25.7M parameters) is big enough for prompt processing to take seconds on a CPU, so a
+# server's prefix cache shows (the fleet benchmark).
+SIZES: dict[str, dict[str, int]] = {
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=512),
+    "tiny-long": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=4096),
+    "tiny64": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
+                   num_key_value_heads=1, max_position_embeddings=512),
+    "medium": dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8,
+                   num_key_value_heads=4, max_position_embeddings=4096),
+}  # fmt: skip
+
+
+def build_model(tokenizer: PreTrainedTokenizerFast, seed: int = 0, size: str = "tiny") -> LlamaForCausalLM:
+    """A Llama of one of SIZES with random weights (fixed by `seed`)."""
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
+        **SIZES[size],
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
@@ -89,10 +101,10 @@ def build_model(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> LlamaForCa
     return model.eval()
 
 
-def save_tiny_model(directory: Path, chat_template: bool = True) -> Path:
-    """Write a tokenizer and model into `directory` (created if needed) and return it."""
+def save_tiny_model(directory: Path, chat_template: bool = True, size: str = "tiny") -> Path:
+    """Write a tokenizer and a model of SIZES into `directory` (created if needed) and return it."""
     directory.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(chat_template=chat_template)
     tokenizer.save_pretrained(directory)
-    build_model(tokenizer).save_pretrained(directory)
+    build_model(tokenizer, size=size).save_pretrained(directory)
     return directory

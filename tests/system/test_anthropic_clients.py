@@ -33,7 +33,7 @@ from backends.echo import PREFIX
 from gateway.policy.auth import new_key
 from tests.support.client_libraries import AGENT_CLIENTS, CLIENTS, node_environment, node_folder
 from tests.support.real_server_fixtures import DEPLOYMENT, Upstream, model_dir, probed
-from tests.support.real_servers import convert_to_gguf, llama_cpp_server
+from tests.support.real_servers import cached_gguf, llama_server
 from tests.support.servers import started_gateway
 
 __all__ = ["model_dir"]  # a fixture this module uses
@@ -153,8 +153,8 @@ def echo_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 @pytest.fixture(scope="module")
 def llama_cpp_gateway(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     folder = tmp_path_factory.mktemp("anthropic-llama.cpp")
-    gguf = convert_to_gguf(model_dir, folder / "tiny.gguf")
-    with llama_cpp_server(gguf, folder, LLAMA_CPP_CONTEXT) as server:
+    # the tiny model with a window of LLAMA_CPP_CONTEXT: llama.cpp's server caps its own at the model's
+    with llama_server(cached_gguf("tiny-long"), folder, LLAMA_CPP_CONTEXT) as server:
         options = {"base_url": server.base_url, "upstream_model": server.model, "probe": True}
         deployment = {
             "name": DEPLOYMENT,

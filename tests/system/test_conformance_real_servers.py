@@ -18,9 +18,9 @@ from tests.integration.test_conformance_command import conformance
 from tests.support.real_servers import (
     LITELLM_KEY,
     RunningServer,
-    convert_to_gguf,
+    cached_gguf,
     litellm_proxy_server,
-    llama_cpp_server,
+    llama_server,
     transformers_serve,
 )
 from tests.support.tiny_model import save_tiny_model
@@ -59,12 +59,11 @@ def no_false_alarms(result: subprocess.CompletedProcess, report: dict[str, Any])
 
 @contextmanager
 def model_server(kind: str, tmp: Path) -> Iterator[RunningServer]:
-    model = save_tiny_model(tmp / "model")
     if kind == "transformers":
-        with transformers_serve(model, tmp) as server:
+        with transformers_serve(save_tiny_model(tmp / "model"), tmp) as server:
             yield server
     else:
-        with llama_cpp_server(convert_to_gguf(model, tmp / "tiny.gguf"), tmp) as server:
+        with llama_server(cached_gguf("tiny"), tmp) as server:
             yield server
 
 

@@ -32,10 +32,9 @@ import yaml
 
 from tests.support.client_libraries import AGENT_CLIENTS, CLIENTS, node_environment, node_folder
 from tests.support.real_server_fixtures import DEPLOYMENT, probed
-from tests.support.real_servers import RunningServer, convert_to_gguf, llama_cpp_server
+from tests.support.real_servers import RunningServer, cached_gguf, llama_server
 from tests.support.recording_relay import Exchange, RecordingRelay
 from tests.support.servers import running_gateway
-from tests.support.tiny_model import save_tiny_model
 
 PREFIX = "[chatgate echo backend, not a language model] You said: "
 KEY = "sk-chatgate-responses-clients-test"  # each gateway's one key
@@ -95,8 +94,7 @@ def llama_cpp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, R
     answers a request that names no limit with MAX_TOKENS at most (Codex CLI names none, and the
     tiny model never ends a turn by itself: without it, it writes to the end of its context)."""
     folder = tmp_path_factory.mktemp("responses-llama.cpp")
-    gguf = convert_to_gguf(save_tiny_model(folder / "model"), folder / "tiny.gguf")
-    with llama_cpp_server(gguf, folder) as server:
+    with llama_server(cached_gguf("tiny"), folder) as server:
         options = {"base_url": server.base_url, "upstream_model": server.model, "probe": True}
         deployment = {
             "name": DEPLOYMENT,
