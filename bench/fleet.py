@@ -69,14 +69,14 @@ START_TIMEOUT = 30.0
 
 @dataclass(frozen=True)
 class Workload:
-    tenants: int = 8
+    tenants: int = 6
     conversations_per_tenant: int = 2
     turns: int = 3
     system_words: int = 680  # about 1,450 tokens with the model's tokenizer
     question_words: int = 12
     max_tokens: int = 16
-    arrival_gap: float = 0.8  # seconds between two conversations' first turns
-    think: float = 0.2  # seconds between an answer and the conversation's next turn
+    arrival_gap: float = 2.5  # seconds between two conversations' first turns
+    think: float = 0.5  # seconds between an answer and the conversation's next turn
     seed: int = 41
     warm_up_at_once: int = 4  # the unmeasured first requests, one a tenant, this many at a time
 
@@ -129,12 +129,9 @@ def suite_servers() -> tuple[Path, Path] | None:
         from tests.support import real_servers
     except ImportError:
         return None
-    binary = getattr(real_servers, "llama_server_binary", None)
-    medium = getattr(real_servers, "medium_gguf", None)
-    if binary is None or medium is None:
-        return None
     try:
-        return Path(binary()), Path(medium())
+        binary = real_servers.llama_server_binary()
+        return binary, real_servers.cached_gguf("medium")
     except (AssertionError, OSError, RuntimeError):
         return None
 
@@ -388,7 +385,8 @@ def fleet_point(
         say(
             f"fleet, {LABELS[routing]}: TTFT p50 {found.ttft_p50_ms:,.0f} ms, "
             f"p90 {found.ttft_p90_ms:,.0f} ms, "
-            f"{found.output_tokens_per_s:.1f} output tokens/s, {found.errors} errors, "
+            f"{found.output_tokens_per_s:.1f} output tokens/s, {found.errors} errors "
+            f"{found.error_kinds or ''}, "
             f"{found.cached_share:.0%} of prompt tokens cached"
         )
     return results
