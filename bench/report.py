@@ -15,6 +15,8 @@ from typing import Any
 
 import orjson
 
+from bench import fleet
+
 CONNECTIONS = (1, 32)
 CONTENDERS = {  # key → label, in table order
     "direct": "nginx, direct",
@@ -415,7 +417,7 @@ def format_value(value: float | None, unit: str) -> str:
 def render(results: Results) -> str:
     sections = (
         render_http, render_capped, render_streams, render_dialects, render_memory, render_concurrency,
-        render_peers, render_not_run, render_ratios,
+        render_peers, render_not_run, fleet.render, render_ratios,
     )  # fmt: skip
     return "\n".join(line for section in sections for line in section(results))
 

@@ -25,10 +25,15 @@ The peers run in the full mode (--no-peers leaves them out); --quick and --smoke
 when asked (--with-portkey, --with-litellm). The peer table puts chatgate's req/s against each
 peer's and the floor's, with each goal's verdict.
 
-Last, the concurrency point (bench/concurrency.py): 1,000, 4,000 and 8,000 slow streams open at
+Then the concurrency point (bench/concurrency.py): 1,000, 4,000 and 8,000 slow streams open at
 once (64 chunks 20 ms apart, bench/slow_upstream.py) through one worker, each count on a fresh
 chatgate: errors, CPU per chunk, RSS per open stream, RSS after, the added p99 gap between
 chunks. `--only-concurrency` runs just that point (it needs neither nginx nor wrk).
+
+Last, the fleet point (bench/fleet.py; the full run, or --with-fleet; `--only-fleet` alone):
+two llama.cpp server replicas and a workload of tenants with long shared prefixes, routed
+round-robin, by today's P2C, on the servers' /metrics, and with prefix affinity: time to first
+token p50/p90 and output tokens/s of each.
 
 The points are measured in rounds, each round taking the contenders in a rotated order, and
 each figure is the median over the rounds: a shared machine's speed drifts by tens of percent
@@ -66,7 +71,7 @@ import httpx
 import orjson
 import yaml
 
-from bench import concurrency, litellm_proxy, load, portkey_gateway, report
+from bench import concurrency, fleet, litellm_proxy, load, portkey_gateway, report
 from bench.dialects import CHAT, DIALECTS, MESSAGES, RESPONSES, Dialect
 from bench.processes import (
     START_TIMEOUT,
@@ -107,10 +112,11 @@ class Profile:
     contenders: tuple[str, ...]
     concurrent_streams: tuple[int, ...] = concurrency.STREAMS  # the concurrency point's counts
     peers: tuple[str, ...] = ()  # run unless --no-peers; the others only when asked
+    fleet: bool = False  # the fleet point (minutes; needs llama-server): the full run's, or asked
 
 
 PROFILES = {
-    "full": Profile("full", 4, 5, 2, 300, 10, 100_000, 300, 4, ALL_CONTENDERS, peers=PEERS),
+    "full": Profile("full", 4, 5, 2, 300, 10, 100_000, 300, 4, ALL_CONTENDERS, peers=PEERS, fleet=True),
     "quick": Profile("quick", 1, 5, 1, 150, 3, 20_000, 120, 2, ALL_CONTENDERS),
     "smoke": Profile(
         "smoke",
@@ -731,9 +737,22 @@ class Bench:
         self.say(f"{report.CONTENDERS[key]}: up")
         return contender
 
-    def run(self, only_concurrency: bool = False) -> dict[str, Any]:
-        if only_concurrency:
-            self.concurrency_point()
+    def fleet_point(self) -> None:
+        workload = fleet.QUICK if self.profile.mode == "smoke" else fleet.Workload()
+        try:
+            self.results["fleet"] = fleet.fleet_point(
+                self.tmp, lambda name, config: self.start_chatgate(name, config), self.say, workload
+            )
+        except Exception as error:
+            self.results["fleet"] = {"error": f"{type(error).__name__}: {error}"}
+            self.say(f"fleet: {error}")
+
+    def run(self, only_concurrency: bool = False, only_fleet: bool = False) -> dict[str, Any]:
+        if only_concurrency or only_fleet:
+            if only_concurrency:
+                self.concurrency_point()
+            if only_fleet:
+                self.fleet_point()
             return self.results
         self.upstream = self.start_nginx("nginx upstream", self.cores.load)
         check = httpx.post(self.upstream.url + JSON_PATH, content=self.body)
@@ -787,6 +806,8 @@ class Bench:
         except Exception as error:
             self.results["concurrency"] = {"error": f"{type(error).__name__}: {error}"}
             self.say(f"concurrency: {error}")
+        if self.profile.fleet:
+            self.fleet_point()
         return self.results
 
 
@@ -906,6 +927,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--only-concurrency", action="store_true", help="only the concurrency point (no nginx, wrk)"
     )
     parser.add_argument(
+        "--only-fleet",
+        action="store_true",
+        help="only the fleet point (llama-server replicas; no nginx, wrk)",
+    )
+    parser.add_argument(
+        "--with-fleet", action="store_true", help="add the fleet point to --quick or --smoke (minutes)"
+    )
+    parser.add_argument(
         "--concurrent-streams", type=lambda text: tuple(int(n) for n in text.split(",")),
         metavar="N,N,...", help="the concurrency point's stream counts (overrides the mode)",
     )  # fmt: skip
@@ -952,7 +981,10 @@ def main(argv: list[str] | None = None) -> int:
         profile = replace(profile, memory_requests=args.memory_requests)
     if args.concurrent_streams:
         profile = replace(profile, concurrent_streams=args.concurrent_streams)
-    missing = [] if args.only_concurrency else missing_requirements(chart=not args.no_chart)
+    if args.with_fleet:
+        profile = replace(profile, fleet=True)
+    only = args.only_concurrency or args.only_fleet
+    missing = [] if only else missing_requirements(chart=not args.no_chart)
     if missing:
         print("python -m bench needs, and does not install:\n  " + "\n  ".join(missing), file=sys.stderr)
         return 2
@@ -970,7 +1002,7 @@ def main(argv: list[str] | None = None) -> int:
             profile, Path(tmp), cores, stack, peers_of(profile, args),
             args.chatgate_root.resolve(), args.concurrency_settings,
         )  # fmt: skip
-        results = bench.run(args.only_concurrency)
+        results = bench.run(args.only_concurrency, args.only_fleet)
         elapsed = time.monotonic() - bench.started
     results = {
         "meta": {
@@ -996,10 +1028,10 @@ def main(argv: list[str] | None = None) -> int:
         **results,
     }
     results["ratios"] = report.evaluate(results)
-    print(report.render(results))
+    print("\n".join(fleet.render(results)) if args.only_fleet else report.render(results))
     report.write_json(results, args.out / "latest.json")
     written = [str(args.out / "latest.json")]
-    if not args.no_chart and not args.only_concurrency:  # the chart draws the other points
+    if not args.no_chart and not only:  # the chart draws the other points
         report.draw_chart(results, args.out / "latest.png")
         written.append(str(args.out / "latest.png"))
     print("written: " + ", ".join(written))

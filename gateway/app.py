@@ -180,6 +180,7 @@ class CurrentRuntime:
         previous = self.runtime
         runtime = Runtime(settings, previous)
         self.runtime, self.handlers = runtime, self.handlers_on(runtime)
+        runtime.router.start()
         previous_probes, self.probes = self.probes, DeploymentProbes(runtime.router, self.probes)
         self.probes.start()
         if self.front_door is not None:
@@ -253,6 +254,7 @@ def build_gateway(
         gc.set_threshold(YOUNG_GC_THRESHOLD, *gc.get_threshold()[1:])
         return_large_blocks()  # a large answer's memory goes back to the system (gateway/core/memory.py)
         current.probes.start()  # in the background: start waits for none of it
+        current.runtime.router.start()  # the replicas' load reads, where deployments route on them
         if (said := await current.runtime.limiter.started()) is not None:
             log.log(*said)  # once per worker: where the limit store is, and whether it answers
         yield

@@ -97,8 +97,7 @@ class Runtime:
         kept = set(map(id, successor.router.deployments.values()))
         for deployment in self.router.deployments.values():
             if id(deployment) not in kept:
-                for replica in deployment.replicas:
-                    await replica.backend.aclose()
+                await deployment.aclose()
         if self.limiter is not successor.limiter:
             await self.limiter.aclose()
         if self.responses is not successor.responses:

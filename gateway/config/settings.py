@@ -104,6 +104,11 @@ class Replica(Strict):
     max_concurrent: int | None = Field(
         default=None, ge=1, description="this replica's own `concurrency.max_concurrent`"
     )
+    metrics_url: str | None = Field(
+        default=None,
+        description="where its Prometheus metrics are read (`routing.load_from: metrics`); "
+        "default: the base URL's /metrics",
+    )
 
 
 class Concurrency(Strict):
@@ -121,6 +126,40 @@ class Concurrency(Strict):
     )
     queue: int = Field(default=2048, ge=0, description="requests that may wait for a replica; more: 503")
     queue_timeout: float = Field(default=30.0, gt=0, description="seconds a request may wait; then 503")
+
+
+class Affinity(Strict):
+    """Prefix affinity: a request goes to the replica that served the longest start of its
+    prompt (so its prompt cache holds it), unless that replica is loaded past `bound` times the
+    replicas' mean, full or ejected; a client's `prompt_cache_key` (else `user`) keeps its
+    requests on one replica the same way."""
+
+    enabled: bool = False
+    block_chars: int = Field(default=256, ge=16, description="characters of the prompt a block hash covers")
+    max_blocks: int = Field(
+        default=100_000, ge=16, description="block hashes remembered (least recently used go)"
+    )
+    bound: float = Field(
+        default=1.25, ge=1.0, description="the favoured replica is passed over above this times the mean load"
+    )
+
+
+class Routing(Strict):
+    """How a replica is chosen among those with room: `p2c` (two at random, the less loaded
+    wins) or `round-robin`; the load is the gateway's own count of requests it sent, or, with
+    `load_from: metrics`, what each replica's /metrics says it runs and queues (vLLM, llama.cpp's
+    server, TGI), read every `scrape_interval` seconds."""
+
+    pick: Literal["p2c", "round-robin"] = "p2c"
+    load_from: Literal["gateway", "metrics"] = "gateway"
+    scrape_interval: float = Field(default=1.0, gt=0, description="seconds between two reads of /metrics")
+    scrape_timeout: float = Field(default=1.0, gt=0, description="seconds one read of /metrics may take")
+    stale_after: int = Field(
+        default=3,
+        ge=1,
+        description="intervals without a good read after which the gateway's own count is used",
+    )
+    affinity: Affinity = Affinity()
 
 
 class Timeouts(Strict):
@@ -192,6 +231,7 @@ class Deployment(Strict):
     retries: Retries = Retries()
     health: Health = Health()
     concurrency: Concurrency = Concurrency()
+    routing: Routing = Routing()
 
     @field_validator("backend")
     @classmethod
@@ -216,6 +256,10 @@ class Deployment(Strict):
     @property
     def served_model(self) -> str:
         return self.model or self.name
+
+    def metrics_urls(self) -> list[str | None]:
+        """Each replica's own `metrics_url`, in the order of `replica_options`."""
+        return [r.metrics_url for r in self.replicas or [Replica()]]
 
 
 class Budget(Strict):

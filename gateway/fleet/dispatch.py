@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from gateway.core.canonical import ChatRequest, EventStream, Item, Usage
 from gateway.core.deadline import task_of
 from gateway.core.errors import GatewayError, GatewayTimeout, ServiceUnavailable
+from gateway.fleet.affinity import Prompt
 from gateway.fleet.attempt import NOT_RETRIED, RETRYABLE, Attempt, verdict_of
 from gateway.fleet.router import Replica, RoutedDeployment
 from gateway.fleet.wait_queue import QueueFull
@@ -78,6 +79,7 @@ class Tries:
         self.queued_until: float | None = None  # on the loop's clock: the end of its wait for room
         self.queue = queue
         self.slots = 1  # of a replica, on the deployment tried now: one, or one a choice
+        self.prompt: Prompt | None = None  # as the deployment tried now reads it (affinity)
 
     @property
     def left(self) -> bool:
@@ -226,11 +228,14 @@ class Dispatcher:
         chain = deployment.chain()
         for routed in chain:
             tries.slots = routed.slots_for(request)
+            tries.prompt = routed.prompt_of(request)
             while tries.left:
                 last_resort = routed is chain[-1]
                 # at once when a replica has room and nobody waits (no coroutine for the rest)
                 replica = (
-                    self.choose(routed, tries.tried, tries.never_again, last_resort, tries.slots)
+                    self.choose(
+                        routed, tries.tried, tries.never_again, last_resort, tries.slots, tries.prompt
+                    )
                     if not routed.queue
                     else None
                 )
@@ -277,7 +282,9 @@ class Dispatcher:
             behind = tries.queued_until is None and len(routed.queue) > 0
             replica = None
             if not behind:
-                replica = self.choose(routed, tries.tried, tries.never_again, last_resort, tries.slots)
+                replica = self.choose(
+                    routed, tries.tried, tries.never_again, last_resort, tries.slots, tries.prompt
+                )
             if replica is not None:
                 return replica
             if not behind and not routed.full(tries.never_again, tries.slots):
@@ -337,15 +344,20 @@ class Dispatcher:
         never_again: set[str],
         last_resort: bool,
         slots: int = 1,
+        prompt: Prompt | None = None,
     ) -> Replica | None:
         """The next replica to try: one not tried yet; on the last deployment of the chain, one
         tried already (it may have been a blip), and with every replica ejected, one anyway
-        (panic routing: an upstream that is back serves at once, not after its cool-down)."""
-        replica = routed.pick(tried | never_again, self.rng, slots)
+        (panic routing: an upstream that is back serves at once, not after its cool-down).
+        `prompt`: the request's, where the deployment routes by prefix affinity."""
+        replica = routed.pick(tried | never_again, self.rng, slots, prompt)
         if replica is None and last_resort:
-            replica = routed.pick(never_again, self.rng, slots)
+            replica = routed.pick(never_again, self.rng, slots, prompt)
             if replica is None:
                 replica = routed.pick_ejected(tried, never_again, self.rng, slots)
                 if replica is not None:
                     self.metrics.panic(routed.name)
+        if prompt is not None and prompt.outcome:
+            self.metrics.affinity(routed.name, prompt.outcome)
+            prompt.outcome = ""
         return replica

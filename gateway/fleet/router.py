@@ -1,7 +1,11 @@
 """Routing: the request's model name (or Azure's deployment header) → a chain of deployments
 (the one asked for, then its fallbacks); within a deployment, a healthy replica chosen by
-least outstanding requests among two weighted random picks, among those with room for one more
-(a replica takes `max_concurrent` at once; the rest wait in the deployment's `WaitQueue`)."""
+least load among two weighted random picks (or in turn: `routing.pick: round-robin`), among
+those with room for one more (a replica takes `max_concurrent` at once; the rest wait in the
+deployment's `WaitQueue`). The load is the gateway's own count of requests on the replica, or
+what its server says (`routing.load_from: metrics`, gateway/fleet/server_load.py); with
+`routing.affinity`, the replica holding the prompt's longest prefix goes first
+(gateway/fleet/affinity.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +20,8 @@ from gateway.config.capabilities import effective
 from gateway.config.settings import ConfigError, Deployment
 from gateway.core.canonical import ChatRequest
 from gateway.core.errors import DeploymentNotFound, ModelNotFound
+from gateway.fleet.affinity import AffinityTable, Prompt, prompt_of
+from gateway.fleet.server_load import LoadWatch, ServerLoad, Target, metrics_url
 from gateway.fleet.wait_queue import WaitQueue
 
 WILDCARD = "*"
@@ -47,6 +53,16 @@ class Replica:
     ejected_until: float = 0.0
     probing: bool = False
     latency: float = 0.0  # moving average of recent successful requests, in seconds
+    server: ServerLoad | None = None  # its server's last word on its load (routing.load_from)
+    stale_after: float = math.inf  # seconds after which that word no longer counts
+
+    def load(self, now: float) -> float:
+        """Its load in requests: what its server last said, brought up to date with the
+        gateway's own count, or the gateway's count alone (no metrics read, or none lately)."""
+        server = self.server
+        if server is None or now - server.read_at > self.stale_after:
+            return self.outstanding
+        return server.now(self.outstanding)
 
     def available(self, now: float) -> bool:
         """Healthy, or out of its cool-down and not already being probed."""
@@ -120,6 +136,9 @@ class RoutedDeployment:
     capabilities: Capabilities = field(init=False)
     queue: WaitQueue = field(init=False)
     fallbacks: list[RoutedDeployment] = field(default_factory=list)
+    watch: LoadWatch | None = None  # reads its replicas' /metrics (routing.load_from: metrics)
+    affinity: AffinityTable | None = field(init=False)
+    turn: int = field(init=False, default=0)  # round-robin's next
 
     def __post_init__(self) -> None:
         self.capabilities = self.declared()
@@ -127,6 +146,16 @@ class RoutedDeployment:
         self.queue = WaitQueue(concurrency.queue, concurrency.queue_timeout)
         for replica in self.replicas:
             replica.queue = self.queue
+        affinity = self.config.routing.affinity
+        self.affinity = AffinityTable(affinity.max_blocks, affinity.bound) if affinity.enabled else None
+
+    def prompt_of(self, request: ChatRequest) -> Prompt | None:
+        """The request's prompt as the affinity table reads it; None without affinity."""
+        if self.affinity is None:
+            return None
+        key = request.options.get("prompt_cache_key") or request.user
+        block_chars = self.config.routing.affinity.block_chars
+        return prompt_of(request.messages, request.tools, key if isinstance(key, str) else None, block_chars)
 
     @property
     def name(self) -> str:
@@ -158,14 +187,33 @@ class RoutedDeployment:
     def healthy(self) -> bool:
         return any(r.healthy for r in self.replicas)
 
-    def pick(self, exclude: set[str], rng: random.Random, slots: int = 1) -> Replica | None:
-        """Power of two choices: two weighted random available replicas with room; the one with
-        fewer outstanding requests per weight wins, and on a tie the one that has been faster."""
+    def pick(
+        self, exclude: set[str], rng: random.Random, slots: int = 1, prompt: Prompt | None = None
+    ) -> Replica | None:
+        """Among the available replicas with room: the one holding the prompt's longest prefix
+        (`prompt`: with affinity, unless it is overloaded), else the power of two choices: two
+        weighted random ones, the one with less load per weight wins, and on a tie the one that
+        has been faster (or the next in turn, with `pick: round-robin`)."""
         now = time.monotonic()
         candidates = [
             r for r in self.replicas if r.name not in exclude and r.has_room_for(slots) and r.available(now)
         ]
-        return two_choices(candidates, rng) if candidates else None
+        if not candidates:
+            return None
+        if prompt is None or self.affinity is None:
+            return self.balanced(candidates, rng, now)
+        loads = [r.load(now) / r.weight for r in self.replicas if r.available(now)]
+        chosen = self.affinity.choose(prompt, candidates, loads, lambda r: r.load(now) / r.weight)
+        if chosen is None:
+            chosen = self.balanced(candidates, rng, now)
+        self.affinity.learn(prompt, chosen.name)
+        return chosen
+
+    def balanced(self, candidates: list[Replica], rng: random.Random, now: float) -> Replica:
+        if self.config.routing.pick == "round-robin":
+            self.turn += 1
+            return candidates[self.turn % len(candidates)]
+        return two_choices(candidates, rng, now)
 
     def pick_ejected(
         self, exclude: set[str], never: set[str], rng: random.Random, slots: int = 1
@@ -175,7 +223,7 @@ class RoutedDeployment:
         does it. `never`: replicas this request must not go back to."""
         allowed = [r for r in self.replicas if r.name not in never and r.has_room_for(slots)]
         fresh = [r for r in allowed if r.name not in exclude]
-        return two_choices(fresh or allowed, rng) if allowed else None
+        return two_choices(fresh or allowed, rng, time.monotonic()) if allowed else None
 
     def full(self, never: set[str], slots: int = 1) -> bool:
         """A replica this request may still go to has no room now (so waiting is worth it)."""
@@ -189,24 +237,63 @@ class RoutedDeployment:
             return 1
         return max(1, math.ceil((len(self.queue) + 1) / pace))
 
+    def start(self) -> None:
+        """Begin reading its replicas' load (in the running event loop), where it does."""
+        if self.watch is not None:
+            self.watch.start()
+
+    async def aclose(self) -> None:
+        """Stop reading its replicas' load, and close their backends."""
+        if self.watch is not None:
+            await self.watch.aclose()
+        for replica in self.replicas:
+            await replica.backend.aclose()
+
     def chain(self) -> list[RoutedDeployment]:
         """This deployment, then its fallbacks in preference order."""
         return [self, *self.fallbacks]
 
 
-def two_choices(candidates: list[Replica], rng: random.Random) -> Replica:
+def two_choices(candidates: list[Replica], rng: random.Random, now: float) -> Replica:
     if len(candidates) == 1:
         return candidates[0]
     first = rng.choices(candidates, weights=[r.weight for r in candidates])[0]
     others = [r for r in candidates if r is not first]
     second = rng.choices(others, weights=[r.weight for r in others])[0]
-    return min((first, second), key=lambda r: ((r.outstanding + 1) / r.weight, r.latency))
+    return min((first, second), key=lambda r: ((r.load(now) + 1) / r.weight, r.latency))
 
 
 def pool_size(backend: Backend) -> int | None:
     """The most connections an HTTP backend opens to its upstream at once (its options'
     `max_connections`); None: no cap of its own."""
     return getattr(getattr(backend, "options", None), "max_connections", None)
+
+
+def load_watch(config: Deployment, replicas: list[Replica]) -> LoadWatch | None:
+    """The reads of the replicas' /metrics, where the deployment routes on them: each at its
+    `metrics_url`, else at its base URL's /metrics, with its key where it has one."""
+    routing = config.routing
+    if routing.load_from != "metrics":
+        return None
+    targets = []
+    for replica, url in zip(replicas, config.metrics_urls(), strict=True):
+        options = getattr(replica.backend, "options", None)
+        base = getattr(options, "base_url", None) or getattr(options, "url", None)
+        if url is None and not isinstance(base, str):
+            raise ConfigError(
+                f"deployment {config.name!r}, replica {replica.name!r}: routing.load_from is metrics, "
+                "but its backend has no base URL: give the replica a metrics_url"
+            )
+        secret = getattr(options, "api_key", None)
+        key = (
+            secret.get_secret_value()
+            if secret is not None and hasattr(secret, "get_secret_value")
+            else secret
+        )
+        headers = {"authorization": f"Bearer {key}"} if isinstance(key, str) and key else {}
+        targets.append(Target(replica, url or metrics_url(str(base)), headers))
+        replica.stale_after = routing.stale_after * routing.scrape_interval + routing.scrape_timeout
+    return LoadWatch(targets, routing.scrape_interval, routing.scrape_timeout, config.served_model)
 
 
 class Router:
@@ -258,7 +345,7 @@ class Router:
                     limit=min(limit, pool) if pool else limit,
                 )
             )  # fmt: skip
-        return RoutedDeployment(config, replicas)
+        return RoutedDeployment(config, replicas, watch=load_watch(config, replicas))
 
     def model_names(self, visible: Callable[[str], bool] = lambda deployment: True) -> list[str]:
         """The models served, those of deployments `visible` lets through (a key's)."""
@@ -285,7 +372,11 @@ class Router:
         """Deployments with no healthy replica (for /ready: degraded; requests still try them)."""
         return [name for name, routed in self.deployments.items() if not routed.healthy]
 
+    def start(self) -> None:
+        """Start what runs in the background (the load reads), in the running event loop."""
+        for routed in self.deployments.values():
+            routed.start()
+
     async def aclose(self) -> None:
         for routed in self.deployments.values():
-            for replica in routed.replicas:
-                await replica.backend.aclose()
+            await routed.aclose()

@@ -116,12 +116,18 @@ HEALTHY = Family(
     "chatgate_replica_healthy", "1 when the replica is healthy, 0 while it is ejected.",
     ("deployment", "replica"), "gauge", "livemin",
 )  # fmt: skip
+AFFINITY = Family(
+    "chatgate_route_affinity",
+    "Picks of a deployment with prefix affinity: `hit` (the replica holding the prompt's longest "
+    "prefix), `miss` (no replica held any), `overridden` (it was overloaded, full or ejected).",
+    ("deployment", "outcome"), "counter",
+)  # fmt: skip
 LOG_LINES_DROPPED = Family(
     "chatgate_log_lines_dropped", "Log lines dropped because their reader stopped reading.", (), "counter"
 )
 FAMILIES = (
     REQUESTS, ERRORS, DURATION, TTFT, TOKENS, COST, UPSTREAM_ERRORS, RETRIES, PANIC_ROUTED, RATE_LIMITED,
-    IN_FLIGHT, QUEUED, HEALTHY, LOG_LINES_DROPPED,
+    IN_FLIGHT, QUEUED, HEALTHY, AFFINITY, LOG_LINES_DROPPED,
 )  # fmt: skip
 
 
@@ -195,6 +201,9 @@ class Metrics:
         if self.shown_health.get(key) != healthy:
             self.shown_health[key] = healthy
             self.set(HEALTHY, key, healthy)
+
+    def affinity(self, deployment: str, outcome: str) -> None:
+        self.add(AFFINITY, (deployment, outcome))
 
     def log_line_dropped(self) -> None:
         self.add(LOG_LINES_DROPPED, ())
