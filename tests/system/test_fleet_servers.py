@@ -23,6 +23,7 @@ import orjson
 import pytest
 from openai import OpenAI
 
+from gateway.fleet.server_load import KV_CACHE, RUNNING, WAITING, metrics_url, parse_load
 from tests.support.dialect_routes import main_routes
 from tests.support.readers import anthropic_tool, reader, registered
 from tests.support.real_server_fixtures import (  # noqa: F401  (fixtures)
@@ -317,3 +318,32 @@ VERDICTS = {
     # the probe cannot tell from a limit ignored
     "vllm": verdicts(FEATURES, max_tokens="ignored", auth="open"),
 }
+
+
+# ----- what routing on the servers' load reads ----------------------------------------------------
+
+# The gauges each server publishes, as routing.load_from: metrics reads them (llama-server has no
+# KV-cache gauge).
+PUBLISHED = {
+    "llama.cpp": ("llamacpp:requests_processing", "llamacpp:requests_deferred", None),
+    "vllm": ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"),
+}
+
+
+@by_server(*SERVERS)
+def test_the_servers_own_metrics_read_as_their_load(upstream: Upstream):
+    """The gateway's reader of /metrics on the server's real page: the gauges it weighs are
+    there under the names it reads, and the page reads as a load (not None: a renamed gauge
+    would leave the replica on the gateway's own count without a word)."""
+    upstream.direct({"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 4})
+    page = httpx.get(metrics_url(upstream.server.base_url), timeout=TIMEOUT)
+    assert page.status_code == 200, page.text[:300]
+    running, waiting, kv_cache = PUBLISHED[upstream.name]
+    published = {line.split("{")[0].split(" ")[0] for line in page.text.splitlines() if line[:1] != "#"}
+    assert running in published and running in RUNNING
+    assert waiting in published and waiting in WAITING
+    if kv_cache is not None:
+        assert kv_cache in published and kv_cache in KV_CACHE
+    load = parse_load(page.text, upstream.server.model)
+    assert load is not None
+    assert load.running >= 0 and load.waiting >= 0 and 0.0 <= load.kv_cache <= 1.0
