@@ -157,6 +157,33 @@ def test_a_conversation_goes_back_to_the_replica_that_holds_its_prefix(
     assert sorted(cache_keyed) == [0, 6]
 
 
+def test_the_agent_dialects_keys_keep_a_session_on_one_replica(
+    gateway: str, replicas: dict[str, list[MetricsReplica]]
+) -> None:
+    """Codex CLI names its conversation in the Responses API's `prompt_cache_key`, Claude Code
+    its session in the Messages API's `metadata.user_id`: each keeps the session on one replica
+    even when the prompts share nothing."""
+    pair = replicas["affine"]
+
+    def responses() -> None:
+        body = {"model": "affine", "input": f"hi {time.monotonic()}", "prompt_cache_key": "codex-1"}
+        answer = httpx.post(f"{gateway}/v1/responses", json=body, timeout=30)
+        assert answer.status_code == 200, answer.text
+
+    def messages() -> None:
+        body = {
+            "model": "affine",
+            "max_tokens": 16,
+            "messages": [{"role": "user", "content": f"hi {time.monotonic()}"}],
+            "metadata": {"user_id": "claude-session-1"},
+        }
+        answer = httpx.post(f"{gateway}/anthropic/v1/messages", json=body, timeout=30)
+        assert answer.status_code == 200, answer.text
+
+    assert sorted(served(pair, responses, 6)) == [0, 6]
+    assert sorted(served(pair, messages, 6)) == [0, 6]
+
+
 def test_affinity_never_sends_work_to_a_full_replica(
     gateway: str, replicas: dict[str, list[MetricsReplica]]
 ) -> None:

@@ -224,6 +224,8 @@ def read(facts: DocumentFacts, body: Mapping[str, Any]) -> ChatRequest:
     options: dict[str, Any] = {}
     if tools and body.get("parallel_tool_calls") is False:
         options["parallel_tool_calls"] = False
+    if body.get("prompt_cache_key"):  # as chat completions carry it (routing's affinity key)
+        options["prompt_cache_key"] = body["prompt_cache_key"]
     extra = {name: value for name, value in body.items() if name not in facts.fields}
     top_logprobs = body.get("top_logprobs") or 0
     logprobs = bool(top_logprobs) or "message.output_text.logprobs" in (body.get("include") or ())
