@@ -405,24 +405,12 @@ class OpenAICompatibleBackend:
         started = loop.time()
         deadline = started + self.options.total
         first_deadline = min(deadline, started + self.options.first_byte)
-        client = self._client or self.client
         sent = orjson.dumps(self.upstream_body(request) if body is None else body)
         answer: UpstreamResponse | None = None
-        request.trace.answered(None)  # this try's upstream says its own, if any
         try:
-            async with asyncio.timeout_at(first_deadline if request.stream else deadline) as timeout:
-                answer = await client.post(PATH, sent, request.trace.headers())
-                request.trace.answered(answer.headers.get("x-request-id"))
-                status = answer.status
-                # framed as a stream (SSE, or LMI's JSON lines) whether or not one was asked for
-                decoder = decoder_for(answer.media_type) if 200 <= status < 300 else None
-                if decoder is None:
-                    timeout.reschedule(deadline)
-                    raw = await answer.read()
-            if status >= 400:
-                raise self.status_error(status, raw, answer.headers, request.trace.request_id)
-            if not 200 <= status < 300:
-                raise BadGateway(f"The upstream model server answered HTTP {status}, not a completion.")
+            answer, decoder, raw = await self.posted(
+                PATH, sent, request, first_deadline, deadline, "a completion"
+            )
             if decoder is not None:
                 # the stream decoded and its events passed on chunk by chunk as they arrive (a
                 # chunk's events as one item), from this generator: no layer of its own
@@ -452,6 +440,42 @@ class OpenAICompatibleBackend:
                 # the connection goes back to the pool once the body was read whole; otherwise
                 # (timeout, error, the client went away) the upstream sees us hang up
                 answer.close()
+
+    async def posted(
+        self,
+        path: str,
+        sent: bytes,
+        request: ChatRequest,
+        first_deadline: float,
+        deadline: float,
+        what: str,
+    ) -> tuple[UpstreamResponse, StreamDecoder | None, bytes]:
+        """The upstream's answer to one POST, within the first byte's deadline when streamed:
+        its stream's decoder (SSE, or LMI's JSON lines, whether or not one was asked for), else
+        its whole body read; a status that is not a success raised as the gateway's error (the
+        answer then closed here). `what`: what a success would have been, for that error."""
+        client = self._client or self.client
+        request.trace.answered(None)  # this try's upstream says its own, if any
+        answer: UpstreamResponse | None = None
+        raw = b""
+        try:
+            async with asyncio.timeout_at(first_deadline if request.stream else deadline) as timeout:
+                answer = await client.post(path, sent, request.trace.headers())
+                request.trace.answered(answer.headers.get("x-request-id"))
+                status = answer.status
+                decoder = decoder_for(answer.media_type) if 200 <= status < 300 else None
+                if decoder is None:
+                    timeout.reschedule(deadline)
+                    raw = await answer.read()
+            if status >= 400:
+                raise self.status_error(status, raw, answer.headers, request.trace.request_id)
+            if not 200 <= status < 300:
+                raise BadGateway(f"The upstream model server answered HTTP {status}, not {what}.")
+        except BaseException:
+            if answer is not None:
+                answer.close()
+            raise
+        return answer, decoder, raw
 
     def stream_end(
         self, decoder: StreamDecoder, state: StreamState, request: ChatRequest, asked: int | None
@@ -488,23 +512,12 @@ class OpenAICompatibleBackend:
         started = loop.time()
         deadline = started + self.options.total
         first_deadline = min(deadline, started + self.options.first_byte)
-        client = self._client or self.client
         sent = orjson.dumps(self.native_body(request, native))
         answer: UpstreamResponse | None = None
-        request.trace.answered(None)
         try:
-            async with asyncio.timeout_at(first_deadline if request.stream else deadline) as timeout:
-                answer = await client.post(PATHS[native.dialect], sent, request.trace.headers())
-                request.trace.answered(answer.headers.get("x-request-id"))
-                status = answer.status
-                decoder = decoder_for(answer.media_type) if 200 <= status < 300 else None
-                if decoder is None:
-                    timeout.reschedule(deadline)
-                    raw = await answer.read()
-            if status >= 400:
-                raise self.status_error(status, raw, answer.headers, request.trace.request_id)
-            if not 200 <= status < 300:
-                raise BadGateway(f"The upstream model server answered HTTP {status}, not an answer.")
+            answer, decoder, raw = await self.posted(
+                PATHS[native.dialect], sent, request, first_deadline, deadline, "an answer"
+            )
             if decoder is None:
                 yield whole_answer(native.dialect, parse_json(raw))
                 return
