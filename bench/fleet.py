@@ -17,7 +17,9 @@ mixes the tenants, and run concurrently. Before it, unmeasured, one request of e
 (a few at once) stands for the traffic a fleet serving these tenants has had: the point is the
 steady state, not a fleet's first minute. Each request streams; its time to the first token is
 the time to the first chunk with text, as its client sees it; output tokens/s is every answer's
-completion tokens (the usage chunk) over the workload's wall time.
+completion tokens (the usage chunk) over the workload's wall time. The routings take turns for
+`rounds` rounds, and each one's turns are pooled: where P2C lands a handful of turns moves one
+round's p90 severalfold.
 
 Needs a llama-server binary and the model's GGUF: `CHATGATE_LLAMA_SERVER` and
 `CHATGATE_FLEET_GGUF`, else the suite's own (tests/support/real_servers.py, when it has them).
@@ -85,9 +87,10 @@ class Workload:
     think: float = 0.5  # seconds between an answer and the conversation's next turn
     seed: int = 41
     warm_up_at_once: int = 4  # the unmeasured first requests, one a tenant, this many at a time
+    rounds: int = 3  # each routing's workload this many times, afresh, its turns pooled
 
 
-QUICK = Workload(tenants=4, conversations_per_tenant=2, turns=2)
+QUICK = Workload(tenants=4, conversations_per_tenant=2, turns=2, rounds=1)
 
 
 @dataclass
@@ -100,11 +103,13 @@ class Turn:
 @dataclass
 class RoutingResult:
     routing: str
+    rounds: int = 0
     requests: int = 0
     errors: int = 0
     seconds: float = 0.0
     ttft_p50_ms: float = 0.0
     ttft_p90_ms: float = 0.0
+    ttft_p90_ms_by_round: list[float] = field(default_factory=list)
     output_tokens: int = 0
     output_tokens_per_s: float = 0.0
     affinity: dict[str, float] = field(default_factory=dict)
@@ -322,12 +327,24 @@ def affinity_counts(url: str) -> dict[str, float]:
     }
 
 
+@dataclass
+class RoundSample:
+    """One round of one routing: its turns as measured, and what the servers and gateway said."""
+
+    turns: list[Turn]
+    seconds: float
+    cached: float
+    computed: float
+    affinity: dict[str, float]
+
+
 def measure(
     routing: str,
     replicas: Replicas,
     start_chatgate: Callable[[str, dict[str, Any]], Server],
     workload: Workload,
-) -> RoutingResult:
+) -> RoundSample:
+    """One round: both replicas and the gateway started afresh, the warm-up, then the workload."""
     servers = replicas.start()
     gateway = start_chatgate(f"chatgate fleet {routing}", chatgate_config(servers, ROUTINGS[routing]))
     try:
@@ -339,32 +356,52 @@ def measure(
         cached_before, computed_before = replicas.prompt_tokens()
         turns, seconds = asyncio.run(run_workload(url, workload))
         cached, computed = replicas.prompt_tokens()
-        cached, computed = cached - cached_before, computed - computed_before
-        good = [t for t in turns if not t.error]
-        ttfts = [t.ttft_ms for t in good]
-        tokens = sum(t.tokens for t in good)
-        kinds: dict[str, int] = {}
-        for t in turns:
-            if t.error:
-                kinds[t.error] = kinds.get(t.error, 0) + 1
-        return RoutingResult(
-            routing=routing,
-            requests=len(turns),
-            errors=len(turns) - len(good),
-            seconds=round(seconds, 2),
-            ttft_p50_ms=round(percentile(ttfts, 0.5), 1) if ttfts else 0.0,
-            ttft_p90_ms=round(percentile(ttfts, 0.9), 1) if ttfts else 0.0,
-            output_tokens=tokens,
-            output_tokens_per_s=round(tokens / seconds, 2) if seconds else 0.0,
-            affinity={k: v for k, v in affinity_counts(gateway.url).items() if v}
-            if "affinity" in routing
-            else {},
-            cached_share=round(cached / (cached + computed), 3) if cached + computed else 0.0,
-            error_kinds=kinds,
-        )
+        affinity = affinity_counts(gateway.url) if "affinity" in routing else {}
+        return RoundSample(turns, seconds, cached - cached_before, computed - computed_before, affinity)
     finally:
         gateway.stop()
         replicas.stop()
+
+
+def summarize(routing: str, samples: list[RoundSample]) -> RoutingResult:
+    """The rounds of one routing pooled: percentiles over every turn of every round, tokens/s
+    over the rounds' summed wall time (one round's luck in where P2C lands a turn moves its
+    p90 by half; pooled rounds do not)."""
+    turns = [t for s in samples for t in s.turns]
+    good = [t for t in turns if not t.error]
+    ttfts = [t.ttft_ms for t in good]
+    tokens = sum(t.tokens for t in good)
+    seconds = sum(s.seconds for s in samples)
+    cached, computed = sum(s.cached for s in samples), sum(s.computed for s in samples)
+    kinds: dict[str, int] = {}
+    for t in turns:
+        if t.error:
+            kinds[t.error] = kinds.get(t.error, 0) + 1
+    affinity: dict[str, float] = {}
+    for s in samples:
+        for outcome, count in s.affinity.items():
+            if count:
+                affinity[outcome] = affinity.get(outcome, 0) + count
+    return RoutingResult(
+        routing=routing,
+        rounds=len(samples),
+        requests=len(turns),
+        errors=len(turns) - len(good),
+        seconds=round(seconds, 2),
+        ttft_p50_ms=round(percentile(ttfts, 0.5), 1) if ttfts else 0.0,
+        ttft_p90_ms=round(percentile(ttfts, 0.9), 1) if ttfts else 0.0,
+        ttft_p90_ms_by_round=[p90_of(s.turns) for s in samples],
+        output_tokens=tokens,
+        output_tokens_per_s=round(tokens / seconds, 2) if seconds else 0.0,
+        affinity=affinity,
+        cached_share=round(cached / (cached + computed), 3) if cached + computed else 0.0,
+        error_kinds=kinds,
+    )
+
+
+def p90_of(turns: list[Turn]) -> float:
+    times = [t.ttft_ms for t in turns if not t.error]
+    return round(percentile(times, 0.9), 1) if times else 0.0
 
 
 def fleet_point(
@@ -374,26 +411,37 @@ def fleet_point(
     workload: Workload = Workload(),
     cores: list[str | None] | None = None,
 ) -> dict[str, Any]:
-    """Every routing over the same workload: {"workload": …, "routings": {name: figures}}."""
+    """Every routing over the same workload, `workload.rounds` times, the routings taking turns
+    round by round (so a busy minute on the machine falls on all of them alike):
+    {"workload": …, "routings": {name: figures of the rounds pooled}}."""
     binary, gguf = locate()
     cpus = sorted(os.sched_getaffinity(0))
     cores = cores or ([str(cpus[0]), str(cpus[1])] if len(cpus) >= 2 else [None, None])
     replicas = Replicas(binary, gguf, tmp, cores)
     results: dict[str, Any] = {"workload": asdict(workload), "model": gguf.name, "routings": {}}
+    samples: dict[str, list[RoundSample]] = {routing: [] for routing in ROUTINGS}
+    failed: dict[str, str] = {}
+    for number in range(1, workload.rounds + 1):
+        for routing in ROUTINGS:
+            if routing in failed:
+                continue
+            try:
+                sample = measure(routing, replicas, start_chatgate, workload)
+            except Exception as error:  # one routing's failure leaves the others' figures
+                failed[routing] = f"{type(error).__name__}: {error}"
+                say(f"fleet, {routing}: {error}")
+                continue
+            samples[routing].append(sample)
+            found = summarize(routing, [sample])
+            say(
+                f"fleet, round {number}/{workload.rounds}, {LABELS[routing]}: "
+                f"TTFT p50 {found.ttft_p50_ms:,.0f} ms, p90 {found.ttft_p90_ms:,.0f} ms, "
+                f"{found.output_tokens_per_s:.1f} output tokens/s, {found.errors} errors "
+                f"{found.error_kinds or ''}, {found.cached_share:.0%} of prompt tokens cached"
+            )
     for routing in ROUTINGS:
-        try:
-            found = measure(routing, replicas, start_chatgate, workload)
-        except Exception as error:  # one routing's failure leaves the others' figures
-            results["routings"][routing] = {"error": f"{type(error).__name__}: {error}"}
-            say(f"fleet, {routing}: {error}")
-            continue
-        results["routings"][routing] = asdict(found)
-        say(
-            f"fleet, {LABELS[routing]}: TTFT p50 {found.ttft_p50_ms:,.0f} ms, "
-            f"p90 {found.ttft_p90_ms:,.0f} ms, "
-            f"{found.output_tokens_per_s:.1f} output tokens/s, {found.errors} errors "
-            f"{found.error_kinds or ''}, "
-            f"{found.cached_share:.0%} of prompt tokens cached"
+        results["routings"][routing] = (
+            {"error": failed[routing]} if routing in failed else asdict(summarize(routing, samples[routing]))
         )
     return results
 
@@ -407,12 +455,15 @@ def render(results: dict[str, Any]) -> list[str]:
         return ["", f"fleet: error: {fleet['error']}"]
     w = fleet["workload"]
     requests = w["tenants"] * w["conversations_per_tenant"] * w["turns"]
+    rounds = w.get("rounds", 1)
     lines = [
         "",
         f"fleet: 2 llama-server replicas ({SLOTS} slots, 1 thread each, {fleet['model']}); "
         f"{w['tenants']} tenants × {w['conversations_per_tenant']} conversations × {w['turns']} turns "
-        f"= {requests} streamed requests, ~{w['system_words']}-word system prompts",
-        f"{'routing':<34}{'TTFT p50 ms':>12}{'TTFT p90 ms':>12}{'out tok/s':>10}{'cached':>8}{'errors':>7}",
+        f"= {requests} streamed requests a round, {rounds} round{'' if rounds == 1 else 's'} pooled, "
+        f"~{w['system_words']}-word system prompts",
+        f"{'routing':<34}{'TTFT p50 ms':>12}{'TTFT p90 ms':>12}{'out tok/s':>10}{'cached':>8}{'errors':>7}"
+        "   p90 by round",
     ]
     for name, entry in fleet["routings"].items():
         if entry.get("error"):
@@ -421,6 +472,7 @@ def render(results: dict[str, Any]) -> list[str]:
         lines.append(
             f"{LABELS.get(name, name):<34}{entry['ttft_p50_ms']:>12,.0f}{entry['ttft_p90_ms']:>12,.0f}"
             f"{entry['output_tokens_per_s']:>10.1f}{entry['cached_share']:>8.0%}{entry['errors']:>7}"
+            f"   {' / '.join(f'{p90:,.0f}' for p90 in entry.get('ttft_p90_ms_by_round', ()))}"
         )
     base, best = fleet["routings"].get("p2c", {}), fleet["routings"].get("load-aware + affinity", {})
     if base.get("ttft_p90_ms") and best.get("ttft_p90_ms"):

@@ -29,7 +29,7 @@ def test_the_table_has_each_routing_and_affinitys_gain_over_p2c() -> None:
         }
     }
     text = "\n".join(fleet.render(results))
-    assert "48 streamed requests" in text
+    assert "48 streamed requests a round, 1 round pooled" in text
     assert "P2C, gateway's count (today)" in text and "2,300" in text and "3,000" in text
     assert "P2C on the servers' /metrics" in text and "error: StartError" in text
     assert "TTFT p90 4.0× lower" in text and "output tokens/s 1.43×" in text
@@ -62,3 +62,23 @@ def test_the_gateways_config_routes_each_way_over_both_replicas() -> None:
     from gateway.config.settings import Settings
 
     Settings.model_validate(fleet.chatgate_config([Up(1), Up(2)], fleet.ROUTINGS["load-aware + affinity"]))  # type: ignore[list-item]
+
+
+def test_rounds_pool_every_turn_and_keep_each_rounds_p90() -> None:
+    fast = [fleet.Turn(100.0, 16) for _ in range(9)] + [fleet.Turn(1000.0, 16)]
+    slow = [fleet.Turn(3000.0, 16) for _ in range(9)]
+    slow += [fleet.Turn(9000.0, 16), fleet.Turn(0.0, 0, "HTTP 502")]
+    pooled = fleet.summarize(
+        "p2c",
+        [
+            fleet.RoundSample(fast, 10.0, cached=900, computed=100, affinity={"hit": 3, "miss": 0}),
+            fleet.RoundSample(slow, 30.0, cached=100, computed=900, affinity={"hit": 1, "miss": 2}),
+        ],
+    )
+    assert (pooled.rounds, pooled.requests, pooled.errors) == (2, 21, 1)
+    # twenty good turns: 9 × 100, 1000, 9 × 3000, 9000 (the failed turn counts in no percentile)
+    assert pooled.ttft_p50_ms == 3000.0 and pooled.ttft_p90_ms == 3000.0
+    assert pooled.ttft_p90_ms_by_round == [100.0, 3000.0]
+    assert pooled.output_tokens == 20 * 16 and pooled.output_tokens_per_s == 8.0
+    assert pooled.cached_share == 0.5 and pooled.affinity == {"hit": 4, "miss": 2}
+    assert pooled.error_kinds == {"HTTP 502": 1}
