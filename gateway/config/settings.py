@@ -131,8 +131,9 @@ class Concurrency(Strict):
 class Affinity(Strict):
     """Prefix affinity: a request goes to the replica that served the longest start of its
     prompt (so its prompt cache holds it), unless that replica is loaded past `bound` times the
-    replicas' mean, full or ejected; a client's `prompt_cache_key` (else `user`) keeps its
-    requests on one replica the same way."""
+    replicas' mean, full or ejected; a client's `prompt_cache_key` (else its session header:
+    `X-Claude-Code-Session-Id`, `session-id` or `x-session-id`; else `user`) keeps its requests
+    on one replica the same way."""
 
     enabled: bool = False
     block_chars: int = Field(default=256, ge=16, description="characters of the prompt a block hash covers")

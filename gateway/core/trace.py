@@ -14,6 +14,10 @@ TRACEPARENT = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
 TRACESTATE_LIMIT = 512  # the spec's own bound on what a vendor must propagate
 SAFE_TRACESTATE = re.compile(r"^[\x20-\x7e]*$")
 UPSTREAM_ID_LIMIT = 200
+# A client's session, as agent CLIs name it in a header (Claude Code; Codex CLI; the generic
+# one): prefix affinity keeps a session's requests on one replica (gateway/fleet/affinity.py).
+SESSION_HEADERS = ("x-claude-code-session-id", "session-id", "x-session-id")
+SESSION_LIMIT = 256
 
 
 @dataclass(slots=True)
@@ -23,6 +27,7 @@ class Trace:
     tracestate: str | None = None
     upstream_request_id: str | None = None  # set by the backend when the upstream answers
     sent_request_id: str = ""  # the gateway's own, the one the upstream gets: always a UUID
+    session: str | None = None  # the client's session header, for affinity only: never sent on
 
     @classmethod
     def from_request(cls, request_id: str, headers: Mapping[str, str]) -> Trace:
@@ -32,15 +37,20 @@ class Trace:
         on as a header)."""
         client_gave_it = headers.get("x-request-id") == request_id
         sent = new_request_id() if client_gave_it else request_id
+        session = None
+        for name in SESSION_HEADERS:
+            if session := headers.get(name):
+                session = session[:SESSION_LIMIT]
+                break
         traceparent = headers.get("traceparent")
         if traceparent is None or not TRACEPARENT.match(traceparent):
-            return cls(request_id, sent_request_id=sent)
+            return cls(request_id, sent_request_id=sent, session=session)
         tracestate = headers.get("tracestate")
         if tracestate is not None and (
             len(tracestate) > TRACESTATE_LIMIT or not SAFE_TRACESTATE.match(tracestate)
         ):
             tracestate = None
-        return cls(request_id, traceparent, tracestate, sent_request_id=sent)
+        return cls(request_id, traceparent, tracestate, sent_request_id=sent, session=session)
 
     def headers(self) -> dict[str, str]:
         """What goes upstream with the request."""

@@ -8,8 +8,8 @@ hashes (a bounded table: the least recently used go first); a request goes to th
 holding its deepest block, unless that replica is loaded past `bound` times the mean load of the
 deployment's replicas (bounded-load consistent hashing), has no room, or is ejected: then the
 usual pick chooses, and the replica it chooses is remembered too. A client's key
-(`prompt_cache_key`, else `user`) sticks its requests to the replica that served the key last,
-before any prefix.
+(`prompt_cache_key`, else a session header of gateway/core/trace.py's SESSION_HEADERS, else
+`user`) sticks its requests to the replica that served the key last, before any prefix.
 
 Python's string hash is salted per process; each worker keeps its own table, so that is fine.
 """

@@ -153,7 +153,7 @@ class RoutedDeployment:
         """The request's prompt as the affinity table reads it; None without affinity."""
         if self.affinity is None:
             return None
-        key = request.options.get("prompt_cache_key") or request.user
+        key = request.options.get("prompt_cache_key") or request.trace.session or request.user
         block_chars = self.config.routing.affinity.block_chars
         return prompt_of(request.messages, request.tools, key if isinstance(key, str) else None, block_chars)
 

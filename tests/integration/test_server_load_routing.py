@@ -184,6 +184,25 @@ def test_the_agent_dialects_keys_keep_a_session_on_one_replica(
     assert sorted(served(pair, messages, 6)) == [0, 6]
 
 
+@pytest.mark.parametrize("header", ["X-Claude-Code-Session-Id", "session-id", "x-session-id"])
+def test_a_session_header_keeps_a_session_on_one_replica(
+    gateway: str, replicas: dict[str, list[MetricsReplica]], header: str
+) -> None:
+    """Claude Code and Codex CLI also name their session in a header; a client that sends only
+    that header, and prompts that share nothing, stays on one replica; another session may
+    go elsewhere, and its requests stay together too."""
+    pair = replicas["affine"]
+    for session in ("s-1", "s-2"):
+
+        def send(session: str = session) -> None:
+            body = {"model": "affine", "messages": [{"role": "user", "content": f"hi {time.monotonic()}"}]}
+            named = {header: f"{header}-{session}"}
+            answer = httpx.post(f"{gateway}/v1/chat/completions", json=body, headers=named, timeout=30)
+            assert answer.status_code == 200, answer.text
+
+        assert sorted(served(pair, send, 6)) == [0, 6]
+
+
 def test_affinity_never_sends_work_to_a_full_replica(
     gateway: str, replicas: dict[str, list[MetricsReplica]]
 ) -> None:

@@ -11,6 +11,7 @@ import pytest
 
 from gateway.config.settings import Deployment
 from gateway.core.canonical import ChatRequest
+from gateway.core.trace import SESSION_LIMIT, Trace
 from gateway.fleet.affinity import block_hashes, rendered
 from gateway.fleet.router import Replica, RoutedDeployment, Router
 from gateway.fleet.server_load import ServerLoad, metrics_url, parse_load
@@ -205,7 +206,20 @@ def test_a_clients_key_sticks_its_requests_to_one_replica() -> None:
 
     assert len(chosen(user="alice")) == 1
     assert len(chosen(options={"prompt_cache_key": "k"})) == 1
+    assert len(chosen(trace=Trace.from_request("r", {"x-claude-code-session-id": "s"}))) == 1
     assert len(chosen()) > 1
+
+
+def test_a_session_header_is_read_first_named_first_and_bounded() -> None:
+    assert Trace.from_request("r", {}).session is None
+    assert Trace.from_request("r", {"session-id": "codex", "x-session-id": "generic"}).session == "codex"
+    assert Trace.from_request("r", {"x-session-id": "s" * 1000}).session == "s" * SESSION_LIMIT
+    traced = Trace.from_request("r", {"x-session-id": "s", "traceparent": f"00-{'1' * 32}-{'2' * 16}-01"})
+    assert traced.session == "s" and "s" not in traced.headers().values()  # never sent upstream
+    # the prompt_cache_key names the cache more exactly than a session: it wins
+    routed = deployment({"affinity": {"enabled": True}}, replicas=2)
+    keyed = routed.prompt_of(request("x", "hi", options={"prompt_cache_key": "k"}, trace=traced))
+    assert keyed is not None and keyed.key == "k"
 
 
 def test_round_robin_takes_the_replicas_in_turn() -> None:
