@@ -11,7 +11,8 @@ that says why a goal of `python -m bench` is missed, and where to look next.
 Needs py-spy (`pip install py-spy==0.4.1`, in the `bench` extra), wrk and taskset, and nginx
 for `--upstream`.
 
-    python -m bench.profile [--upstream] [--policy] [--stream] [--seconds 20] [--raw FILE]
+    python -m bench.profile [--upstream] [--policy] [--stream] [--dialect chat|messages|responses]
+                            [--seconds 20] [--raw FILE]
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import orjson
 import yaml
 
 from bench import load
+from bench.dialects import DIALECTS
 from bench.processes import (
     Server,
     accepts_connections,
@@ -41,7 +43,7 @@ from bench.processes import (
     process_cpu_seconds,
     start_server,
 )
-from bench.run import HIGH_LIMITS, JSON_PATH, POOL, ROOT
+from bench.run import HIGH_LIMITS, POOL, ROOT
 from bench.upstream import REQUEST, STREAM_CHUNKS, STREAM_REQUEST, nginx_command, write_nginx_files
 
 KEY = "sk-bench-profile"
@@ -138,11 +140,12 @@ def profile(args: argparse.Namespace, tmp: Path) -> int:
             "chatgate", pinned("0", command), port, tmp / "chatgate.log", answers_health(port), ROOT
         )
         servers.append(gateway)
-        body = orjson.dumps(STREAM_REQUEST if args.stream else REQUEST)
+        dialect = DIALECTS[args.dialect]
+        body = orjson.dumps(dialect.stream_request if args.stream else dialect.request)
         headers = {"Content-Type": "application/json"}
         if args.policy:
             headers["Authorization"] = f"Bearer {KEY}"
-        url = gateway.url + JSON_PATH
+        url = gateway.url + dialect.path
         load.WrkRun(url, body, headers, 32, 3, "1").result()  # warm up
         raw = args.raw or tmp / "profile.txt"
         # --nonblocking: read the stacks without pausing the worker (pausing it 400 times a
@@ -173,6 +176,7 @@ def report(
 ) -> None:
     what = ("openai-compatible → nginx" if args.upstream else "echo") + (", policy on" if args.policy else "")
     what += ", streamed" if args.stream else ""
+    what += f", {DIALECTS[args.dialect].label}" if args.dialect != "chat" else ""
     print(f"chatgate ({what}), c=32: {result.rps:,.0f} req/s, {result.errors} errors, "
           f"{per_request:.0f} µs CPU per request")  # fmt: skip
     unit = "µs/chunk" if args.stream else "µs/req"
@@ -189,6 +193,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--policy", action="store_true", help="a key, and rate limits that never refuse")
     parser.add_argument("--stream", action="store_true", help="streamed requests (µs per chunk)")
+    parser.add_argument(
+        "--dialect", choices=tuple(DIALECTS), default="chat", help="the client dialect asked (default: chat)"
+    )
     parser.add_argument("--seconds", type=int, default=20, help="seconds sampled")
     parser.add_argument("--raw", type=Path, help="keep py-spy's raw samples here")
     args = parser.parse_args(argv)
