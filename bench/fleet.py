@@ -365,8 +365,8 @@ def measure(
 
 def summarize(routing: str, samples: list[RoundSample]) -> RoutingResult:
     """The rounds of one routing pooled: percentiles over every turn of every round, tokens/s
-    over the rounds' summed wall time (one round's luck in where P2C lands a turn moves its
-    p90 by half; pooled rounds do not)."""
+    over the rounds' summed wall time (where P2C happens to land a handful of turns moves one
+    round's p90 severalfold; the pooled rounds move far less)."""
     turns = [t for s in samples for t in s.turns]
     good = [t for t in turns if not t.error]
     ttfts = [t.ttft_ms for t in good]
