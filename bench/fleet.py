@@ -6,9 +6,10 @@ The replicas: llama.cpp's own `llama-server` (one thread each, `-np 2` slots, `-
 `--metrics`), each on a CPU of its own where there are two, on a 25.7M-parameter model (big
 enough for prompt processing to matter: a 1,800-token prompt takes seconds on a CPU thread,
 tens of milliseconds when the server's prompt cache holds it). Each server keeps only a few
-prompts (its slots and `--cache-ram` of CACHE_RAM_MIB): more tenants than one replica can hold,
-as a GPU's KV cache holds fewer prefixes than a busy fleet sends it. Both replicas are started
-afresh for each routing (an empty cache each time).
+prompts (its slots and `--cache-ram` of CACHE_RAM_MIB, about seven at 8 KiB a token): fewer
+than the tenants and their conversations, as a GPU's KV cache holds fewer prefixes than a busy
+fleet sends it, while the two replicas together hold every tenant's prompt (the case prefix
+affinity is for). Both replicas are started afresh for each routing (an empty cache each time).
 
 The workload: tenants with long system prompts of their own (~1,450 tokens), several
 conversations each, each conversation a few turns (the turn before and its answer part of the
@@ -64,7 +65,7 @@ LABELS = {
 MODEL = "fleet"
 SLOTS = 2  # -np: requests a replica runs at once
 CONTEXT = 4096  # -c, shared by the slots
-CACHE_RAM_MIB = 32  # the host-memory prompt cache: a couple of long prompts beside the slots'
+CACHE_RAM_MIB = 64  # the host-memory prompt cache: about five long prompts beside the slots'
 # words the model's tokenizer knows (tests/support/tiny_model.py): about 2.1 tokens a word
 VOCABULARY = (
     "the quick brown fox jumps over lazy dog while cat sleeps in warm sun gateway "
@@ -77,7 +78,7 @@ START_TIMEOUT = 30.0
 
 @dataclass(frozen=True)
 class Workload:
-    tenants: int = 6
+    tenants: int = 8
     conversations_per_tenant: int = 2
     turns: int = 3
     system_words: int = 680  # about 1,450 tokens with the model's tokenizer
