@@ -204,9 +204,29 @@ def dialect_stream(results: Results, name: str) -> dict[str, Any] | None:
     return found
 
 
+def paired_requests(results: Results) -> dict[str, Any]:
+    """The dialects' paired rounds of CPU per request (bench.run's `dialect_requests`); {} in a
+    run that had none (older runs), and so for each figure measured with errors."""
+    found = (results.get("dialects") or {}).get("requests") or {}
+    return {name: entry for name, entry in found.items() if not entry.get("errors")}
+
+
 def dialect_cpu_over_chat(name: str) -> Callable[[Results], float | None]:
-    """A dialect's CPU µs per request at c=32 over chat completions' (the same deployments)."""
-    return lambda r: ratio(cpu_us(r, DIALECT_ROWS[name], 32), cpu_us(r, "upstream", 32))
+    """A dialect's CPU µs per request at c=32 over chat completions' (the same deployments): the
+    median of the paired rounds' ratios; in a run without them, the contender table's rows."""
+
+    def compute(results: Results) -> float | None:
+        if (results.get("dialects") or {}).get("requests"):
+            paired = paired_requests(results)
+            return (paired.get(name) or {}).get("over_chat") if "chat" in paired else None
+        return ratio(cpu_us(results, DIALECT_ROWS[name], 32), cpu_us(results, "upstream", 32))
+
+    return compute
+
+
+def table_dialect_over_chat(results: Results, name: str) -> float | None:
+    """The same ratio from the contender table's rows (each dialect's medians of 5 rounds)."""
+    return ratio(cpu_us(results, DIALECT_ROWS[name], 32), cpu_us(results, "upstream", 32))
 
 
 def dialect_chunk_over_chat(name: str) -> Callable[[Results], float | None]:
@@ -622,6 +642,7 @@ def render_dialects(results: Results) -> list[str]:
     if not rows and not streams and not dialects.get("errors"):
         return []
     ratios = {row["key"]: row for row in results.get("ratios") or ()}
+    paired = paired_requests(results)
     lines = [
         "",
         "Dialects: the same deployments on nginx, each dialect through its own chatgate; CPU per request "
@@ -630,7 +651,7 @@ def render_dialects(results: Results) -> list[str]:
         f"{'':>6}{'events/stream':>15}",
     ]
     for name, key in DIALECT_ROWS.items():
-        request = cpu_us(results, key, 32)
+        request = (paired.get(name) or {}).get("cpu_us_per_request") or cpu_us(results, key, 32)
         stream = dialect_stream(results, name)
         if request is None and stream is None:
             continue
@@ -645,6 +666,22 @@ def render_dialects(results: Results) -> list[str]:
             f"{per_chunk.get('goal_text', ''):>9}{per_chunk.get('verdict') or '':>6}"
             f"{format_value(stream and stream['events_per_stream'], ''):>15}"
         )
+    if chat := paired.get("chat"):
+        rounds = f"{chat['rounds']} paired round" + ("s" if chat["rounds"] != 1 else "")
+        lines.append(
+            f"    µs/req: {rounds} of {chat['seconds']:g} s, the dialects back to back; /chat: the median "
+            "of each round's ratio"
+        )
+        for name in DIALECT_ROWS:
+            if name == "chat" or not (entry := paired.get(name)) or not entry.get("over_chat_by_round"):
+                continue
+            by_round = sorted(entry["over_chat_by_round"])
+            table = table_dialect_over_chat(results, name)
+            lines.append(
+                f"    {DIALECT_LABELS[name]}/chat by round {by_round[0]:.2f}–{by_round[-1]:.2f}× "
+                f"(middle half {by_round[len(by_round) // 4]:.2f}–{by_round[(3 * len(by_round)) // 4]:.2f}×)"
+                + (f"; the contender table's rows, minutes apart: {table:.2f}×" if table else "")
+            )
     if any(streams.values()):
         first = next(iter(streams.values()))
         lines.append(

@@ -14,6 +14,7 @@ Contenders (each a separate process, all started at once and idle when not measu
   chatgate, 2 workers  `--workers 2` on both CPUs, against the pinned single worker
   chatgate, Messages   the same deployments asked in Anthropic's Messages dialect, and in
   chatgate, Responses  OpenAI's Responses dialect (bench/dialects.py): CPU per request at c=32
+                       (against chat completions' in paired rounds of their own, back to back)
                        and per chunk of a stream relayed, each against chat completions'
   Portkey gateway      a peer: Portkey's open-source gateway 1.15.2 (Node, npm, pinned by
                        bench/portkey/package-lock.json, installed on first use), forwarding to
@@ -113,11 +114,12 @@ class Profile:
     concurrent_streams: tuple[int, ...] = concurrency.STREAMS  # the concurrency point's counts
     peers: tuple[str, ...] = ()  # run unless --no-peers; the others only when asked
     fleet: bool = False  # the fleet point (minutes; needs llama-server): the full run's, or asked
+    dialect_rounds: int = 12  # paired rounds of the dialects' CPU per request (`dialect_requests`)
 
 
 PROFILES = {
     "full": Profile("full", 4, 5, 2, 300, 10, 100_000, 300, 4, ALL_CONTENDERS, peers=PEERS, fleet=True),
-    "quick": Profile("quick", 1, 5, 1, 150, 3, 20_000, 120, 2, ALL_CONTENDERS),
+    "quick": Profile("quick", 1, 5, 1, 150, 3, 20_000, 120, 2, ALL_CONTENDERS, dialect_rounds=6),
     "smoke": Profile(
         "smoke",
         1,
@@ -130,6 +132,7 @@ PROFILES = {
         1,
         ("direct", "floor", "upstream", "echo", "workers2", "messages", "responses"),
         concurrency.SMOKE_STREAMS,
+        dialect_rounds=1,
     ),
 }
 # The concurrency point's deployment: one replica that takes every stream at once (the slow
@@ -240,7 +243,7 @@ class Bench:
             "http": {},
             "capped": {},
             "streaming": {"first_chunk": {}, "errors": {}},
-            "dialects": {"streams": {}, "errors": {}},
+            "dialects": {"requests": {}, "streams": {}, "errors": {}},
         }
 
     # ----- plumbing -------------------------------------------------------------------------
@@ -454,6 +457,33 @@ class Bench:
             raw = response.read()
         if response.status_code != 200 or contender.dialect.done not in raw[-4096:]:
             raise RuntimeError(f"{contender.stream_url} streamed {response.status_code}: {raw[-300:]!r}")
+
+    def dialect_requests(self) -> None:
+        """CPU per request at c=32 of each dialect's chatgate against chat completions', in paired
+        rounds: a round measures every dialect back to back (in a rotated order), and a dialect's
+        figure is the median over the rounds of its CPU per request over chat's in the same round.
+
+        The contender table's dialect rows are measured up to a minute apart from chat's, among
+        ten other contenders; on this machine one point's CPU per request moves by a fifth from
+        one round to the next, so five such rounds cannot tell 1.10× from 1.00×. Pairs seconds
+        apart, and more of them, can (issue 40)."""
+        sources = {
+            name: contender
+            for name, dialect in DIALECTS.items()
+            if (contender := self.running.get(dialect.key)) is not None
+        }
+        if "chat" not in sources or len(sources) < 2:
+            return
+        seconds = max(1.0, self.profile.seconds / 2)
+        found: dict[str, list[Sample]] = {name: [] for name in sources}
+        names = list(sources)
+        for number in range(self.profile.dialect_rounds):
+            shift = number % len(names)
+            for name in names[shift:] + names[:shift]:
+                found[name].append(self.wrk(sources[name], Load(32), seconds))
+            figures = (f"{name} {taken[-1].cpu_us_per_request:.0f} µs/req" for name, taken in found.items())
+            self.say(f"dialect requests {number + 1}/{self.profile.dialect_rounds}: {', '.join(figures)}")
+        self.results["dialects"]["requests"] = paired_dialect_figures(found, seconds)
 
     def dialect_streams(self) -> None:
         """32 streams at once in each dialect, each through its own chatgate, in rotated rounds:
@@ -782,6 +812,7 @@ class Bench:
             self.measure_capped("workers", ("upstream", "workers2"), "upstream", WORKERS_RATE_SHARE)
         streamers = {"direct": "direct", "floor": "floor", "upstream": "chatgate"}
         self.first_chunks({name: self.running[key] for key, name in streamers.items() if key in self.running})
+        self.dialect_requests()
         self.dialect_streams()
         upstream = self.running.get("upstream")
         if upstream is None:
@@ -832,6 +863,30 @@ def median_point(samples: list[Sample]) -> dict[str, Any]:
         columns = zip(*by_process, strict=False)
         point["server_cpu_by_process"] = [statistics.median(column) for column in columns]
     return point
+
+
+def paired_dialect_figures(found: dict[str, list[Sample]], seconds: float) -> dict[str, Any]:
+    """Each dialect's CPU per request over the paired rounds (`found[name][k]` is round k's
+    sample): its median, and, beside chat's, the median of the rounds' ratios to chat's."""
+    chat = [sample.cpu_us_per_request for sample in found["chat"]]
+    figures: dict[str, Any] = {}
+    for name, samples in found.items():
+        per_request = [sample.cpu_us_per_request for sample in samples]
+        entry: dict[str, Any] = {
+            "rounds": len(samples),
+            "seconds": seconds,
+            "connections": 32,
+            "requests": sum(sample.result.requests for sample in samples),
+            "errors": sum(sample.result.errors for sample in samples),
+            "cpu_us_per_request": statistics.median(per_request),
+            "cpu_us_by_round": [round(value, 1) for value in per_request],
+        }
+        if name != "chat":
+            ratios = [mine / theirs for mine, theirs in zip(per_request, chat, strict=True) if theirs]
+            entry["over_chat_by_round"] = [round(value, 3) for value in ratios]
+            entry["over_chat"] = statistics.median(ratios) if ratios else None
+        figures[name] = entry
+    return figures
 
 
 def dialect_stream_figures(samples: list[tuple[load.RelayResult, float]], seconds: float) -> dict[str, Any]:

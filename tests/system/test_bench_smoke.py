@@ -171,7 +171,14 @@ def test_dialects_measured(smoke):
         assert found["errors"] == 0 and found["streams"] > 0, (name, found)
         assert found["events_per_stream"] == events, (name, found)
         assert found["cpu_us_per_chunk"] == pytest.approx(found["cpu_us_per_stream"] / 64)
+    paired = results["dialects"]["requests"]  # the per-request ratios' own rounds, back to back
+    for name in ("chat", "messages", "responses"):
+        assert paired[name]["errors"] == 0 and paired[name]["rounds"] == 1, (name, paired[name])
+        assert paired[name]["requests"] > 0 and paired[name]["cpu_us_per_request"] > 0, (name, paired[name])
     ratios = {row["key"]: row for row in results["ratios"]}
+    over_chat = paired["responses"]["cpu_us_per_request"] / paired["chat"]["cpu_us_per_request"]
+    assert ratios["responses_cpu_over_chat_c32"]["value"] == pytest.approx(over_chat)
+    assert "1 paired round of 1 s, the dialects back to back" in stdout
     chat = results["dialects"]["streams"]["chat"]["cpu_us_per_chunk"]
     messages = results["dialects"]["streams"]["messages"]["cpu_us_per_chunk"]
     assert ratios["messages_chunk_over_chat"]["value"] == pytest.approx(messages / chat)

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from bench import report
+from bench import load, report, run
 
 
 def point(rps: float, cpu_us: float = 300.0) -> dict[str, Any]:
@@ -91,6 +91,46 @@ def test_dialect_ratios_against_chat():
     table = "\n".join(report.render_dialects(RUN))
     responses = next(line for line in table.splitlines() if line.startswith("Responses"))
     assert "360 µs" in responses and "1.20×" in responses and "69" in responses
+
+
+def sample(cpu_us: float, errors: int = 0) -> run.Sample:
+    result = load.WrkResult(32, 1000, 4.0, 250.0, 1.0, 2.0, 3.0, errors)
+    return run.Sample(result=result, busy=1.0, by_process=[1.0], cpu_us_per_request=cpu_us)
+
+
+def paired_run(messages: list[float], errors: int = 0) -> dict[str, Any]:
+    """RUN with paired rounds: chat at 400 µs then 500 µs (the machine slowed), Messages as given."""
+    found = {"chat": [sample(400), sample(500)], "messages": [sample(value, errors) for value in messages]}
+    paired = {**RUN, "dialects": {**RUN["dialects"], "requests": run.paired_dialect_figures(found, 2.0)}}
+    paired["ratios"] = report.evaluate(paired)
+    return paired
+
+
+def test_paired_rounds_decide_the_per_request_ratio():
+    # each round's ratio (1.05, 1.04), not the ratio of medians (467.5 / 450 = 1.039) and not the
+    # contender table's rows (320 / 300)
+    paired = paired_run([420, 520])
+    figures = paired["dialects"]["requests"]
+    assert figures["messages"]["over_chat_by_round"] == [1.05, 1.04]
+    assert figures["messages"]["over_chat"] == pytest.approx((1.05 + 1.04) / 2)
+    assert figures["chat"]["cpu_us_per_request"] == 450 and "over_chat" not in figures["chat"]
+    rows = by_key(paired)
+    assert rows["messages_cpu_over_chat_c32"]["value"] == pytest.approx(1.045)
+    assert rows["messages_cpu_over_chat_c32"]["verdict"] == "PASS"
+    # Responses was not in the paired rounds: no figure, rather than the table's minutes-apart one
+    assert rows["responses_cpu_over_chat_c32"]["verdict"] == "n/a"
+    table = "\n".join(report.render_dialects(paired))
+    assert "2 paired rounds of 2 s" in table
+    assert "Messages/chat by round 1.04–1.05×" in table
+    assert "the contender table's rows, minutes apart: 1.07×" in table
+    messages = next(line for line in table.splitlines() if line.startswith("Messages"))
+    assert "470 µs" in messages and "1.04×" in messages and "PASS" in messages
+    slower = by_key(paired_run([480, 600]))["messages_cpu_over_chat_c32"]
+    assert slower["value"] == pytest.approx(1.2) and slower["verdict"] == "FAIL"
+
+
+def test_paired_rounds_with_errors_are_no_figure():
+    assert by_key(paired_run([420, 520], errors=2))["messages_cpu_over_chat_c32"]["verdict"] == "n/a"
 
 
 def test_a_stream_with_errors_is_no_figure():
