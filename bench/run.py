@@ -14,8 +14,8 @@ Contenders (each a separate process, all started at once and idle when not measu
   chatgate, 2 workers  `--workers 2` on both CPUs, against the pinned single worker
   chatgate, Messages   the same deployments asked in Anthropic's Messages dialect, and in
   chatgate, Responses  OpenAI's Responses dialect (bench/dialects.py): CPU per request at c=32
-                       (against chat completions' in paired rounds of their own, back to back)
-                       and per chunk of a stream relayed, each against chat completions'
+                       and per chunk of a stream relayed, each against chat completions' in
+                       paired rounds on the chat row's chatgate, asked in each dialect
   Portkey gateway      a peer: Portkey's open-source gateway 1.15.2 (Node, npm, pinned by
                        bench/portkey/package-lock.json, installed on first use), forwarding to
                        the same nginx upstream
@@ -458,21 +458,38 @@ class Bench:
         if response.status_code != 200 or contender.dialect.done not in raw[-4096:]:
             raise RuntimeError(f"{contender.stream_url} streamed {response.status_code}: {raw[-300:]!r}")
 
-    def dialect_requests(self) -> None:
-        """CPU per request at c=32 of each dialect's chatgate against chat completions', in paired
-        rounds: a round measures every dialect back to back (in a rotated order), and a dialect's
-        figure is the median over the rounds of its CPU per request over chat's in the same round.
+    def dialect_sources(self) -> dict[str, Contender]:
+        """The chat row's chatgate, asked in each dialect whose own row runs (the dialect rows
+        share its config): the dialects' paired rounds compare one process with itself."""
+        if (chat := self.running.get("upstream")) is None:
+            return {}
+        sources = {"chat": chat}
+        for name, dialect in DIALECTS.items():
+            if name != "chat" and dialect.key in self.running:
+                url = chat.server.url + dialect.path
+                sources[name] = replace(chat, url=url, stream_url=url, dialect=dialect)
+        return sources
 
-        The contender table's dialect rows are measured up to a minute apart from chat's, among
-        ten other contenders; on this machine one point's CPU per request moves by a fifth from
-        one round to the next, so five such rounds cannot tell 1.10× from 1.00×. Pairs seconds
-        apart, and more of them, can (issue 40)."""
-        sources = {
-            name: contender
-            for name, dialect in DIALECTS.items()
-            if (contender := self.running.get(dialect.key)) is not None
-        }
-        if "chat" not in sources or len(sources) < 2:
+    def dialect_requests(self) -> None:
+        """CPU per request at c=32 of each dialect against chat completions', in paired rounds on
+        one chatgate (`dialect_sources`): a round asks it in every dialect back to back (in a
+        rotated order), and a dialect's figure is the median over the rounds of its CPU per
+        request over chat's in the same round.
+
+        The contender table's dialect rows are other processes, measured up to a minute apart
+        from chat's among ten other contenders, and on this machine one point's CPU per request
+        moves by a fifth from one round to the next: the table could not tell 1.10× from 1.00×.
+        One process asked in each dialect seconds apart, many times, can, and nothing but the
+        dialect differs between the figures compared (issue 40)."""
+        sources = self.dialect_sources()
+        if len(sources) < 2:
+            return
+        try:
+            for contender in sources.values():
+                self.check_answer(contender)
+        except Exception as error:
+            self.results["dialects"]["errors"]["requests"] = f"{type(error).__name__}: {error}"
+            self.say(f"dialect requests: {error}")
             return
         seconds = max(1.0, self.profile.seconds / 2)
         found: dict[str, list[Sample]] = {name: [] for name in sources}
@@ -486,13 +503,12 @@ class Bench:
         self.results["dialects"]["requests"] = paired_dialect_figures(found, seconds)
 
     def dialect_streams(self) -> None:
-        """32 streams at once in each dialect, each through its own chatgate, in rotated rounds:
-        the CPU each spent per stream and per chunk of the upstream's stream (the same 64 chunks
-        whatever the dialect writes of them), the medians over the rounds."""
+        """32 streams at once in each dialect on one chatgate (`dialect_sources`), in rotated
+        rounds: the CPU it spent per stream and per chunk of the upstream's stream (the same 64
+        chunks whatever the dialect writes of them), the medians over the rounds, and each
+        dialect's per-round ratio to chat's."""
         sources: dict[str, Contender] = {}
-        for name, dialect in DIALECTS.items():
-            if (contender := self.running.get(dialect.key)) is None:
-                continue
+        for name, contender in self.dialect_sources().items():
             try:
                 self.check_dialect_stream(contender)
                 sources[name] = contender
@@ -523,8 +539,18 @@ class Bench:
                     f"{per_stream:,.0f} µs cpu/stream, {per_stream / STREAM_CHUNKS:.1f} µs/chunk, "
                     f"{found.errors} errors"
                 )
+        chat = samples["chat"]
         for name, found in samples.items():
-            self.results["dialects"]["streams"][name] = dialect_stream_figures(found, seconds)
+            figures = dialect_stream_figures(found, seconds)
+            if name != "chat":
+                ratios = [
+                    (spent / relayed.streams) / (theirs / chats.streams)
+                    for (relayed, spent), (chats, theirs) in zip(found, chat, strict=True)
+                    if relayed.streams and chats.streams and theirs
+                ]
+                figures["over_chat_by_round"] = [round(value, 3) for value in ratios]
+                figures["over_chat"] = statistics.median(ratios) if ratios else None
+            self.results["dialects"]["streams"][name] = figures
 
     def relay(self, server: Server) -> None:
         url = server.url + JSON_PATH

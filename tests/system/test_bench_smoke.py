@@ -178,9 +178,11 @@ def test_dialects_measured(smoke):
     ratios = {row["key"]: row for row in results["ratios"]}
     over_chat = paired["responses"]["cpu_us_per_request"] / paired["chat"]["cpu_us_per_request"]
     assert ratios["responses_cpu_over_chat_c32"]["value"] == pytest.approx(over_chat)
-    assert "1 paired round of 1 s, the dialects back to back" in stdout
+    assert "1 paired round of 1 s on the chat row's chatgate" in stdout
     chat = results["dialects"]["streams"]["chat"]["cpu_us_per_chunk"]
     messages = results["dialects"]["streams"]["messages"]["cpu_us_per_chunk"]
+    # one round: the round's ratio is the ratio of the two figures, on one chatgate
+    assert results["dialects"]["streams"]["messages"]["over_chat"] == pytest.approx(messages / chat)
     assert ratios["messages_chunk_over_chat"]["value"] == pytest.approx(messages / chat)
     assert "Dialects: the same deployments on nginx" in stdout
 

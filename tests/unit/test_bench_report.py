@@ -120,13 +120,25 @@ def test_paired_rounds_decide_the_per_request_ratio():
     # Responses was not in the paired rounds: no figure, rather than the table's minutes-apart one
     assert rows["responses_cpu_over_chat_c32"]["verdict"] == "n/a"
     table = "\n".join(report.render_dialects(paired))
-    assert "2 paired rounds of 2 s" in table
+    assert "2 paired rounds of 2 s on the chat row's chatgate, asked in each dialect back to back" in table
     assert "Messages/chat by round 1.04–1.05×" in table
-    assert "the contender table's rows, minutes apart: 1.07×" in table
+    assert "the contender table's rows (own chatgates): 1.07×" in table
     messages = next(line for line in table.splitlines() if line.startswith("Messages"))
     assert "470 µs" in messages and "1.04×" in messages and "PASS" in messages
     slower = by_key(paired_run([480, 600]))["messages_cpu_over_chat_c32"]
     assert slower["value"] == pytest.approx(1.2) and slower["verdict"] == "FAIL"
+
+
+def test_paired_stream_rounds_decide_the_per_chunk_ratio():
+    paired = results(upstream={"32": point(3000)})
+    # per-chunk medians 10.0 and 12.0 (1.20×), but round by round Responses was 1.05× and 1.07×
+    paired["dialects"]["streams"]["responses"].update(over_chat_by_round=[1.05, 1.07], over_chat=1.06)
+    paired["ratios"] = report.evaluate(paired)
+    row = by_key(paired)["responses_chunk_over_chat"]
+    assert row["value"] == pytest.approx(1.06) and row["verdict"] == "PASS"
+    assert by_key(paired)["messages_chunk_over_chat"]["value"] == pytest.approx(1.05)  # no rounds: medians
+    table = "\n".join(report.render_dialects(paired))
+    assert "per dialect on the chat row's chatgate" in table and "/chat: the median of each round's" in table
 
 
 def test_paired_rounds_with_errors_are_no_figure():
