@@ -219,7 +219,7 @@ def dialect_cpu_over_chat(name: str) -> Callable[[Results], float | None]:
         if (results.get("dialects") or {}).get("requests"):
             paired = paired_requests(results)
             return (paired.get(name) or {}).get("over_chat") if "chat" in paired else None
-        return ratio(cpu_us(results, DIALECT_ROWS[name], 32), cpu_us(results, "upstream", 32))
+        return table_dialect_over_chat(results, name)
 
     return compute
 

@@ -543,13 +543,7 @@ class Bench:
         for name, found in samples.items():
             figures = dialect_stream_figures(found, seconds)
             if name != "chat":
-                ratios = [
-                    (spent / relayed.streams) / (theirs / chats.streams)
-                    for (relayed, spent), (chats, theirs) in zip(found, chat, strict=True)
-                    if relayed.streams and chats.streams and theirs
-                ]
-                figures["over_chat_by_round"] = [round(value, 3) for value in ratios]
-                figures["over_chat"] = statistics.median(ratios) if ratios else None
+                figures.update(over_chat(per_stream_by_round(found), per_stream_by_round(chat)))
             self.results["dialects"]["streams"][name] = figures
 
     def relay(self, server: Server) -> None:
@@ -908,11 +902,24 @@ def paired_dialect_figures(found: dict[str, list[Sample]], seconds: float) -> di
             "cpu_us_by_round": [round(value, 1) for value in per_request],
         }
         if name != "chat":
-            ratios = [mine / theirs for mine, theirs in zip(per_request, chat, strict=True) if theirs]
-            entry["over_chat_by_round"] = [round(value, 3) for value in ratios]
-            entry["over_chat"] = statistics.median(ratios) if ratios else None
+            entry.update(over_chat(per_request, chat))
         figures[name] = entry
     return figures
+
+
+def over_chat(mine: list[float | None], chat: list[float | None]) -> dict[str, Any]:
+    """A dialect's figures over chat's, round by round (the rounds where both have one), and
+    the median of those ratios: the dialects' verdicts (`dialect_requests`, `dialect_streams`)."""
+    ratios = [ours / theirs for ours, theirs in zip(mine, chat, strict=True) if ours is not None and theirs]
+    return {
+        "over_chat_by_round": [round(value, 3) for value in ratios],
+        "over_chat": statistics.median(ratios) if ratios else None,
+    }
+
+
+def per_stream_by_round(samples: list[tuple[load.RelayResult, float]]) -> list[float | None]:
+    """CPU seconds per stream in each round of the dialects' streams (None: no stream ended)."""
+    return [spent / found.streams if found.streams else None for found, spent in samples]
 
 
 def dialect_stream_figures(samples: list[tuple[load.RelayResult, float]], seconds: float) -> dict[str, Any]:

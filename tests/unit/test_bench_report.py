@@ -167,3 +167,11 @@ def test_an_older_run_without_dialects_or_peers_renders():
     old["ratios"] = report.evaluate(old)
     assert report.render_dialects(old) == []
     assert "not run" in "\n".join(report.render_peers(old))
+
+
+def test_a_round_without_a_figure_is_left_out_of_the_ratio():
+    assert run.over_chat([10.0, None, 12.0], [10.0, 11.0, 10.0]) == {
+        "over_chat_by_round": [1.0, 1.2],
+        "over_chat": pytest.approx(1.1),
+    }
+    assert run.over_chat([None], [10.0]) == {"over_chat_by_round": [], "over_chat": None}
