@@ -220,7 +220,7 @@ def test_the_servers_broken_messages_stream_is_an_upstream_failure(native: Nativ
     client = anthropic_client(native)
     with (
         pytest.raises(anthropic.APIStatusError) as raised,
-        client.messages.stream(model="tiny", **params) as stream,
+        client.messages.stream(model="tiny", **params, extra_body=GREEDY) as stream,
     ):
         "".join(stream.text_stream)
     assert raised.value.status_code == 502
