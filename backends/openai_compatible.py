@@ -458,15 +458,19 @@ class OpenAICompatibleBackend:
         request.trace.answered(None)  # this try's upstream says its own, if any
         answer: UpstreamResponse | None = None
         raw = b""
+        # one timer for both waits (gateway/core/deadline.py), not a timeout context's own
+        until = Deadline(first_deadline if request.stream else deadline)
         try:
-            async with asyncio.timeout_at(first_deadline if request.stream else deadline) as timeout:
-                answer = await client.post(path, sent, request.trace.headers())
+            try:
+                answer = await until.wait(client.post(path, sent, request.trace.headers()))
                 request.trace.answered(answer.headers.get("x-request-id"))
                 status = answer.status
                 decoder = decoder_for(answer.media_type) if 200 <= status < 300 else None
                 if decoder is None:
-                    timeout.reschedule(deadline)
-                    raw = await answer.read()
+                    until.when = deadline
+                    raw = await until.wait(answer.read())
+            finally:
+                until.close()
             if status >= 400:
                 raise self.status_error(status, raw, answer.headers, request.trace.request_id)
             if not 200 <= status < 300:
