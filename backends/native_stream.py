@@ -432,38 +432,36 @@ async def relayed(
     read: Callable[[], Awaitable[bytes]],
     decoder: StreamDecoder,
     reader: NativeStream,
-    first_deadline: float,
+    until: Deadline,
     deadline: float,
 ) -> AsyncIterator[list[Event]]:
-    """The upstream's native stream as batches of events, as its frames arrive. What only opens
-    the answer (the message's start, a block's start, pings: PREAMBLE) is held and goes with the
-    first event that says something, so that the answer's status is still open until then; the
-    stream must end with its dialect's last event."""
-    until = Deadline(first_deadline)
+    """The upstream's native stream as batches of events, as its frames arrive, each read by
+    `until` (the caller's, which it closes: the first byte's deadline, moved to `deadline` once
+    the answer says something). What only opens the answer (the message's start, a block's
+    start, pings: PREAMBLE) is held and goes with the first event that says something, so that
+    the answer's status is still open until then; the stream must end with its dialect's last
+    event."""
     held: list[Event] | None = []
-    try:
-        while True:
-            piece = await until.wait(read())
-            payloads = decoder.feed(piece) if piece else decoder.close()
-            batch: list[Event] = []
-            for payload in payloads:
-                try:
-                    frame = orjson.loads(payload)
-                except orjson.JSONDecodeError:
-                    raise defect("native", f"an event that is not JSON: {bytes(payload[:80])!r}") from None
-                batch += reader.feed(frame)
-            if held is not None and batch:
-                held += batch
-                if any(type(event) is not Passed or says_something(event) for event in held):
-                    batch, held = held, None
-                    until.when = deadline
-                else:
-                    batch = []
-            if batch:
-                yield batch
-            if not piece or reader.ended:
-                break
-    finally:
-        until.close()
+    while True:
+        piece = await until.wait(read())
+        payloads = decoder.feed(piece) if piece else decoder.close()
+        batch: list[Event] = []
+        for payload in payloads:
+            try:
+                frame = orjson.loads(payload)
+            except orjson.JSONDecodeError:
+                raise defect("native", f"an event that is not JSON: {bytes(payload[:80])!r}") from None
+            batch += reader.feed(frame)
+        if held is not None and batch:
+            held += batch
+            if any(type(event) is not Passed or says_something(event) for event in held):
+                batch, held = held, None
+                until.when = deadline
+            else:
+                batch = []
+        if batch:
+            yield batch
+        if not piece or reader.ended:
+            break
     if not reader.ended:
         raise BadGateway("The upstream closed the stream before the answer was finished.")

@@ -407,27 +407,23 @@ class OpenAICompatibleBackend:
         first_deadline = min(deadline, started + self.options.first_byte)
         sent = orjson.dumps(self.upstream_body(request) if body is None else body)
         answer: UpstreamResponse | None = None
+        until = Deadline(first_deadline if request.stream else deadline)  # one timer for every wait
         try:
-            answer, decoder, raw = await self.posted(
-                PATH, sent, request, first_deadline, deadline, "a completion"
-            )
+            answer, decoder, raw = await self.posted(PATH, sent, request, until, deadline, "a completion")
             if decoder is not None:
                 # the stream decoded and its events passed on chunk by chunk as they arrive (a
                 # chunk's events as one item), from this generator: no layer of its own
                 state = StreamState(asked or self.capabilities.max_n, request.stop)
                 read = answer.read_some  # whatever has arrived; b"" only at the end
-                until = Deadline(first_deadline)  # until the first generated chunk, then the whole's
-                try:
-                    while not decoder.done:
-                        piece = await until.wait(read())
-                        for payload in decoder.feed(piece) if piece else decoder.close():
-                            if events := state.feed(parse_json(payload)):
-                                until.when = deadline
-                                yield events
-                        if not piece:
-                            break
-                finally:
-                    until.close()
+                until.when = first_deadline  # until the first generated chunk, then the whole's
+                while not decoder.done:
+                    piece = await until.wait(read())
+                    for payload in decoder.feed(piece) if piece else decoder.close():
+                        if events := state.feed(parse_json(payload)):
+                            until.when = deadline
+                            yield events
+                    if not piece:
+                        break
                 yield self.stream_end(decoder, state, request, asked)
                 if decoder.done:  # read the stream's end so the connection can be reused
                     await drained(read)
@@ -436,6 +432,7 @@ class OpenAICompatibleBackend:
         except (UpstreamError, TimeoutError) as exc:
             raise self.transport_error(exc, loop.time() - started) from None
         finally:
+            until.close()
             if answer is not None:
                 # the connection goes back to the pool once the body was read whole; otherwise
                 # (timeout, error, the client went away) the upstream sees us hang up
@@ -446,31 +443,28 @@ class OpenAICompatibleBackend:
         path: str,
         sent: bytes,
         request: ChatRequest,
-        first_deadline: float,
+        until: Deadline,
         deadline: float,
         what: str,
     ) -> tuple[UpstreamResponse, StreamDecoder | None, bytes]:
-        """The upstream's answer to one POST, within the first byte's deadline when streamed:
-        its stream's decoder (SSE, or LMI's JSON lines, whether or not one was asked for), else
-        its whole body read; a status that is not a success raised as the gateway's error (the
-        answer then closed here). `what`: what a success would have been, for that error."""
+        """The upstream's answer to one POST, its head by `until` (the caller's, which it closes:
+        the first byte's deadline when streamed): its stream's decoder (SSE, or LMI's JSON lines,
+        whether or not one was asked for), else its whole body read by `deadline`; a status that
+        is not a success raised as the gateway's error (the answer then closed here). `what`:
+        what a success would have been, for that error."""
         client = self._client or self.client
         request.trace.answered(None)  # this try's upstream says its own, if any
         answer: UpstreamResponse | None = None
         raw = b""
-        # one timer for both waits (gateway/core/deadline.py), not a timeout context's own
-        until = Deadline(first_deadline if request.stream else deadline)
         try:
-            try:
-                answer = await until.wait(client.post(path, sent, request.trace.headers()))
-                request.trace.answered(answer.headers.get("x-request-id"))
-                status = answer.status
-                decoder = decoder_for(answer.media_type) if 200 <= status < 300 else None
-                if decoder is None:
-                    until.when = deadline
-                    raw = await until.wait(answer.read())
-            finally:
-                until.close()
+            # one timer for every wait of the answer (gateway/core/deadline.py), the caller's
+            answer = await until.wait(client.post(path, sent, request.trace.headers()))
+            request.trace.answered(answer.headers.get("x-request-id"))
+            status = answer.status
+            decoder = decoder_for(answer.media_type) if 200 <= status < 300 else None
+            if decoder is None:
+                until.when = deadline
+                raw = await until.wait(answer.read())
             if status >= 400:
                 raise self.status_error(status, raw, answer.headers, request.trace.request_id)
             if not 200 <= status < 300:
@@ -518,19 +512,22 @@ class OpenAICompatibleBackend:
         first_deadline = min(deadline, started + self.options.first_byte)
         sent = orjson.dumps(self.native_body(request, native))
         answer: UpstreamResponse | None = None
+        until = Deadline(first_deadline if request.stream else deadline)  # one timer for every wait
         try:
             answer, decoder, raw = await self.posted(
-                PATHS[native.dialect], sent, request, first_deadline, deadline, "an answer"
+                PATHS[native.dialect], sent, request, until, deadline, "an answer"
             )
             if decoder is None:
                 yield whole_answer(native.dialect, parse_json(raw))
                 return
             reader = native_stream(native.dialect)
-            async for batch in relayed(answer.read_some, decoder, reader, first_deadline, deadline):
+            until.when = first_deadline
+            async for batch in relayed(answer.read_some, decoder, reader, until, deadline):
                 yield batch
         except (UpstreamError, TimeoutError) as exc:
             raise self.transport_error(exc, loop.time() - started) from None
         finally:
+            until.close()
             if answer is not None:
                 answer.close()
 

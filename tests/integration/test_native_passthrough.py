@@ -44,6 +44,9 @@ WHOLE_MESSAGE = {
     "usage": {"input_tokens": 11, "output_tokens": 7, "cache_read_input_tokens": 2},
 }
 FORBIDDEN = "zebra"
+FIRST_BYTE = 1.0  # the stalling deployment's wait for the upstream's first word
+STALL_SECONDS = 4.0
+STALL: dict[str, Any] = {"type": "stall"}  # where the upstream goes quiet (never written)
 LOGS: dict[str, Path] = {}  # each gateway's log, by its URL
 WHOLE_RESPONSE = {
     **completed()["response"],
@@ -72,6 +75,8 @@ def script(path: str, body: dict[str, Any]) -> tuple[str, Any]:
             return "json", WHOLE_MESSAGE
         if "broken" in words:
             return "sse", LLAMA_NO_MESSAGE_START
+        if "stall" in words:  # the answer opened, then nothing said for longer than the first byte's
+            return "sse", [message_start(), {"type": "ping"}, STALL, *text_block(0, "late"), *MESSAGE_END]
         if "filter" in words:
             return "sse", [message_start(), *text_block(0, "a ", f"{FORBIDDEN} here"), *MESSAGE_END]
         return "sse", GOOD_MESSAGES
@@ -106,6 +111,9 @@ class Upstream(BaseHTTPRequestHandler):
         self.end_headers()
         for frame in answer:
             time.sleep(0.02)  # one frame at a time, as a model server writes them
+            if frame is STALL:
+                time.sleep(STALL_SECONDS)
+                continue
             self.wfile.write(f"event: {frame['type']}\ndata: {orjson.dumps(frame).decode()}\n\n".encode())
             self.wfile.flush()
 
@@ -126,6 +134,17 @@ def gateway(tmp_path_factory: pytest.TempPathFactory, log_dir: Path) -> Iterator
                     "native": ["messages", "responses"],
                 },
                 "capabilities": {"default_max_tokens": 33},
+            },
+            {
+                "name": "native-stalls",
+                "backend": "openai-compatible",
+                "options": {
+                    "base_url": base,
+                    "upstream_model": "upstream-model",
+                    "native": ["messages"],
+                    "first_byte": FIRST_BYTE,
+                },
+                "retries": {"attempts": 1},
             },
             {
                 "name": "half-broken",
@@ -201,6 +220,27 @@ def test_a_broken_stream_before_the_first_token_is_a_502_in_anthropics_shape(gat
     error = answer.json()
     assert error["type"] == "error" and error["error"]["type"] == "api_error"
     assert "before message_start" in error["error"]["message"]
+
+
+def test_a_native_stream_that_only_opens_the_answer_times_out_at_the_first_byte(gateway: str) -> None:
+    """The head and the preamble came in time, but no word: the first byte's deadline, the
+    same timer from the request to the relay's reads, ends it as a 504 in Anthropic's shape."""
+    began = time.monotonic()
+    answer = httpx.post(
+        f"{gateway}/anthropic/v1/messages",
+        json={
+            "model": "native-stalls",
+            "max_tokens": 5,
+            "stream": True,
+            "messages": [{"role": "user", "content": "stall"}],
+        },
+        timeout=30,
+    )
+    took = time.monotonic() - began
+    assert answer.status_code == 504, answer.text
+    error = answer.json()
+    assert error["type"] == "error" and "did not answer in time" in error["error"]["message"]
+    assert FIRST_BYTE <= took < STALL_SECONDS, took
 
 
 def test_the_content_filter_ends_a_native_stream_with_an_error_event(gateway: str) -> None:

@@ -20,6 +20,7 @@ from backends.native_stream import (
     responses_body,
 )
 from gateway.core.canonical import Finish, Passed, TextDelta, ToolCallDelta, Usage
+from gateway.core.deadline import Deadline
 from gateway.core.errors import BadGateway
 from tests.support.native_frames import (
     GOOD_MESSAGES,
@@ -201,9 +202,12 @@ def relay(pieces: list[bytes], reader: MessagesStream | ResponsesStream) -> list
         async def read() -> bytes:
             return next(feed)
 
-        loop = asyncio.get_running_loop()
-        later = loop.time() + 5
-        return [batch async for batch in relayed(read, SSEDecoder(), reader, later, later)]
+        later = asyncio.get_running_loop().time() + 5
+        until = Deadline(later)
+        try:
+            return [batch async for batch in relayed(read, SSEDecoder(), reader, until, later)]
+        finally:
+            until.close()
 
     return asyncio.run(run())
 
