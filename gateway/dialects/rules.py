@@ -20,7 +20,7 @@ rules (gateway/tools/conformance.py). A rule is broken when every condition hold
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import jsonschema_rs
@@ -40,6 +40,8 @@ class Rule:
     each: str | None = None
     among: tuple[str, str, str] | None = None  # (name's path, array parameter, path in an item)
     defaults: Mapping[str, Any] = field(default_factory=dict)
+    # parameters the rule cannot be broken without (`gates`): a body that lacks one keeps it
+    gates: tuple[str, ...] = ()
 
     def holds_for(self, values: Mapping[str, Any]) -> bool:
         """Whether `values` (a body, or one item of `each`) keeps the rule."""
@@ -136,12 +138,30 @@ def read_rules(schema: Mapping[str, Any], defaults: Mapping[str, Any]) -> tuple[
                 defaults=dict(defaults),
             )
         )
-    return tuple(rules)
+    return tuple(replace(rule, gates=gates(rule)) for rule in rules)
+
+
+def gates(rule: Rule) -> tuple[str, ...]:
+    """The body's parameters without which `rule` holds: its `each` array (no items, nothing to
+    break); a `when` parameter whose condition null does not match (absent reads as null); the
+    parameter an `among` name is found in (no name, none missing). Most bodies lack most of
+    them, so most rules are passed over with a key looked up (gateway/dialects/shape.py asks
+    every request)."""
+    if rule.each is not None:
+        return (rule.each,)
+    found = [name for name, validator in rule.when if not validator.is_valid(None)]
+    if rule.among is not None:
+        found.append(rule.among[0].split(".", 1)[0])
+    return tuple(dict.fromkeys(found))
 
 
 def first_breach(rules: tuple[Rule, ...], body: Mapping[str, Any]) -> BadRequest | None:
     """The error for the first rule the body breaks, or None."""
     for rule in rules:
-        for error in rule.breaches(body):
-            return error
+        for name in rule.gates:
+            if name not in body:
+                break  # the rule holds
+        else:
+            for error in rule.breaches(body):
+                return error
     return None

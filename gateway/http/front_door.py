@@ -476,7 +476,7 @@ class FrontDoor(SpecMiddleware):
         operation: Operation, scope: Scope, headers: dict[str, str], path_params: dict[str, str]
     ) -> dict[str, str]:
         query: dict[str, str] = {}
-        if operation.parameters:
+        if operation.parameters and scope["query_string"]:  # most requests carry no query
             query = dict(parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True))
         for parameter in operation.parameters:
             source = (

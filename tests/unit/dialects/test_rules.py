@@ -4,14 +4,14 @@ dialect's shape, naming the parameter) and a body next to it that keeps it (read
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
 
 from gateway.core.errors import BadRequest
 from gateway.dialects.registry import DIALECTS
-from gateway.dialects.rules import read_rules
+from gateway.dialects.rules import first_breach, read_rules
 from tests.support.documents import response_errors
 from tests.unit.dialects import cases
 from tests.unit.dialects.cases import MINIMAL_BODY
@@ -256,3 +256,29 @@ def test_greater_reads_an_absent_or_null_value_as_its_default():
     assert rule.holds_for({"a": "x", "b": 1})  # not numbers: the schema's business, not the rule's
     (error,) = rule.breaches({"a": 2})
     assert error.message == "2 > 1"
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_a_rule_passed_over_for_a_missing_gate_is_one_the_body_keeps(dialect: str):
+    """`first_breach` passes over a rule when the body lacks one of its gates; for every row's
+    bodies, and each of them with one parameter taken out, that is the verdict the rule itself
+    gives: what it says, and the error it raises, are those of every rule read in full."""
+    rules = cases.translator(dialect).facts.rules
+    ungated = tuple(replace(rule, gates=()) for rule in rules)
+    assert any(rule.gates for rule in rules) or not rules
+    bodies = []
+    for case in CASES:
+        for added in (case.breaks, case.keeps):
+            body = {**MINIMAL_BODY, **added}
+            bodies += [body, *({k: v for k, v in body.items() if k != left} for left in body)]
+    checked = 0
+    for body in bodies:
+        gated, full = first_breach(rules, body), first_breach(ungated, body)
+        assert (gated and (gated.message, gated.param, gated.loc)) == (
+            full and (full.message, full.param, full.loc)
+        )
+        for rule in rules:
+            if any(name not in body for name in rule.gates):
+                assert list(rule.breaches(body)) == []
+                checked += 1
+    assert checked or not rules
