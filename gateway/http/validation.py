@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import typing as t
 
+import jiter
 import jsonschema_rs
 import orjson
 from starlette.types import Receive
@@ -109,15 +110,42 @@ def no_duplicates(pairs: list[tuple[str, t.Any]]) -> dict[str, t.Any]:
 KEY_CHECKER = json.JSONDecoder(object_pairs_hook=no_duplicates)
 
 
+def repeated_key(raw: bytes) -> str | None:
+    """The first key an object of the body (which orjson read) gives twice, or None.
+
+    jiter (pydantic's parser) finds one in a pass at about orjson's speed; the standard
+    library's decoder, with a Python call for every object, took three to four times orjson's
+    time (280 µs for a 100 KB conversation, as agents send). It is asked only when jiter
+    refuses the body, and its reading decides: it names the key, and a body jiter refuses for
+    another reason is read as before."""
+    try:
+        jiter.from_json(raw, catch_duplicate_keys=True, cache_mode=False)
+        return None
+    except ValueError:
+        pass
+    try:
+        KEY_CHECKER.decode(raw.decode("utf-8"))
+    except DuplicateKey as duplicate:
+        return str(duplicate)
+    return None
+
+
 def deeper_than(value: t.Any, limit: int) -> bool:
-    """Whether objects and arrays nest more than `limit` levels (without recursion)."""
-    stack = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
+    """Whether objects and arrays nest more than `limit` levels (without recursion): level by
+    level, each level's containers gathered by a comprehension (a stack of (node, depth) pairs
+    took five times as long: about 240 µs for a 100 KB conversation, which every agent sends).
+    `value` is orjson's reading, whose objects and arrays are exactly dicts and lists."""
+    level = [value] if type(value) is dict or type(value) is list else []
+    depth = 1
+    while level:
         if depth > limit:
             return True
-        children = node.values() if isinstance(node, dict) else node
-        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+        below: list[t.Any] = []
+        for node in level:
+            children = node.values() if type(node) is dict else node
+            below += [child for child in children if type(child) is dict or type(child) is list]
+        level = below
+        depth += 1
     return False
 
 
@@ -134,12 +162,10 @@ def parse_json(raw: bytes) -> t.Any:
         # counting brackets is cheap; most bodies cannot nest that deep and skip the walk
         if raw.count(b"{") + raw.count(b"[") > MAX_DEPTH and deeper_than(body, MAX_DEPTH):
             raise BadRequest(f"The request body nests objects and arrays deeper than {MAX_DEPTH} levels.")
-        try:
-            KEY_CHECKER.decode(raw.decode("utf-8"))
-        except DuplicateKey as duplicate:
+        if (repeated := repeated_key(raw)) is not None:
             raise BadRequest(
-                f"The request body gives the key '{duplicate}' twice in one object.", param=str(duplicate)
-            ) from None
+                f"The request body gives the key '{repeated}' twice in one object.", param=repeated
+            )
     return body
 
 
