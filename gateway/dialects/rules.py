@@ -66,8 +66,15 @@ class Rule:
                 yield self.error(body, ["body", self.param], self.param)
             return
         items = body.get(self.each)
+        # an item that fails the first `when` keeps the rule: most do (a conversation's every
+        # message is read, and most are not the assistant's), so that is asked here, inline
+        first, kept = self.when[0] if self.when else (None, None)
         for index, item in enumerate(items if isinstance(items, list) else ()):
-            if isinstance(item, Mapping) and not self.holds_for(item):
+            if type(item) is not dict and not isinstance(item, Mapping):
+                continue
+            if kept is not None and not kept.is_valid(item.get(first)):
+                continue
+            if not self.holds_for(item):
                 where = f"{self.each}[{index}]"
                 yield self.error(item, ["body", self.each, index], where, in_item=True)
 
