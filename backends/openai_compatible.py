@@ -718,7 +718,12 @@ class StreamState:
                 raise stream_error(chunk)  # LMI (DJL Serving): {code, type, message}
         events: list[Event] = []
         try:
-            if not self.served and (served := served_by(chunk)) is not None:
+            # most upstreams say neither in any chunk: asked with two key lookups, not a call
+            if (
+                not self.served
+                and ("system_fingerprint" in chunk or "service_tier" in chunk)
+                and (served := served_by(chunk)) is not None
+            ):
                 events.append(served)
                 self.served = True
             for choice in chunk.get("choices") or ():

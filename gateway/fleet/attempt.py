@@ -80,7 +80,7 @@ class Watchdog:
     def __init__(self) -> None:
         self.deadline = Deadline(0.0)
         self.loop = self.deadline.loop
-        self.timeout, self.what = 0.0, ""  # the armed wait's (for its error)
+        self.timeout, self.what = 0.0, ""  # the armed wait's (Attempt.arm sets them), for its error
 
     async def next(self, events: EventStream, timeout: float, what: str) -> Item | None:
         self.deadline.when = self.loop.time() + timeout
@@ -88,12 +88,6 @@ class Watchdog:
             return await self.deadline.wait(anext(events, None))
         except DeadlinePassed:
             raise timed_out(timeout, what) from None
-
-    def arm(self, task: asyncio.Task, timeout: float, what: str) -> None:
-        """`task`'s next wait for the upstream timed by a loop that waits itself (`next` taken
-        apart: gateway/fleet/dispatch.py's relay); `timed_out()` is the error once it passed."""
-        self.timeout, self.what = timeout, what
-        self.deadline.arm(task, self.loop.time() + timeout)
 
     def timed_out(self) -> GatewayTimeout:
         return timed_out(self.timeout, self.what)
@@ -210,8 +204,10 @@ class Attempt:
 
     def arm(self, task: asyncio.Task) -> None:
         """`task`'s next wait for the upstream's item timed as `next_item` times it, by a loop
-        that waits itself (gateway/fleet/dispatch.py's relay)."""
-        self.watchdog.arm(task, *self.next_limit())
+        that waits itself (gateway/fleet/dispatch.py's relay, once a relayed item)."""
+        watchdog = self.watchdog
+        watchdog.timeout, watchdog.what = self.next_limit()
+        watchdog.deadline.arm(task, watchdog.loop.time() + watchdog.timeout)
 
     def next_limit(self) -> tuple[float, str]:
         """How long the wait for the next item may take: the idle timeout, or what is left of
