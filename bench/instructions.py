@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import httpx
 import orjson
@@ -38,6 +39,7 @@ from bench.profile import KEY, config
 from bench.run import ROOT, STREAM_PATH
 from bench.upstream import STREAM_CHUNKS, nginx_command, write_nginx_files
 
+TURN_WORDS = "some words of an earlier turn of the conversation, " * 10
 START_TIMEOUT = 900.0  # the gateway's imports under callgrind: about a minute on a quiet machine
 
 
@@ -67,6 +69,18 @@ def ask(client: httpx.Client, url: str, body: bytes, headers: dict[str, str], co
             response.read()
             if response.status_code != 200:
                 raise RuntimeError(f"HTTP {response.status_code}: {response.text[:300]}")
+
+
+def with_turns(request: dict[str, Any], turns: int) -> dict[str, Any]:
+    """A chat request with `turns` earlier turns of conversation before its question, as an
+    agent sends them: 200 turns make a body of about 100 KB."""
+    if not turns:
+        return request
+    said = [
+        {"role": "user" if turn % 2 == 0 else "assistant", "content": f"Turn {turn}: " + TURN_WORDS}
+        for turn in range(turns)
+    ]
+    return {**request, "messages": [request["messages"][0], *said, *request["messages"][1:]]}
 
 
 def counted(
@@ -114,7 +128,9 @@ def measure(args: argparse.Namespace, tmp: Path) -> dict[str, list[float]]:
         path = tmp / "chatgate.yaml"
         path.write_text(yaml.safe_dump(config(upstream, args.policy), sort_keys=False))
         dialect = DIALECTS[args.dialect]
-        body = orjson.dumps(dialect.stream_request if args.stream else dialect.request)
+        body = orjson.dumps(
+            with_turns(dialect.stream_request if args.stream else dialect.request, args.turns)
+        )
         headers = {"Content-Type": "application/json"}
         if args.policy:
             headers["Authorization"] = f"Bearer {KEY}"
@@ -144,6 +160,9 @@ def report(args: argparse.Namespace, found: dict[str, list[float]]) -> None:
     what = ("openai-compatible → nginx" if args.upstream else "echo") + (", policy on" if args.policy else "")
     what += ", streamed" if args.stream else ""
     what += f", {DIALECTS[args.dialect].label}" if args.dialect != "chat" else ""
+    if args.turns:
+        size = len(orjson.dumps(with_turns(DIALECTS[args.dialect].request, args.turns)))
+        what += f", {args.turns} earlier turns ({size:,} bytes)"
     print(f"c=1, {args.requests} requests a round, {what}")
     medians = {}
     for name, figures in found.items():
@@ -176,6 +195,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="rounds counted (default: 3)")
     parser.add_argument("--warmup", type=int, default=50, help="requests before counting (default: 50)")
     parser.add_argument(
+        "--turns",
+        type=int,
+        default=0,
+        help="earlier turns of conversation in each request (chat; 200: ~100 KB)",
+    )
+    parser.add_argument(
         "--floor",
         action="store_true",
         help="also count the Python floor, bench/floor.py (with --upstream, chat)",
@@ -183,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.requests < 1 or args.rounds < 1 or args.warmup < 0:
         parser.error("--requests and --rounds must be at least 1, --warmup at least 0")
+    if args.turns < 0 or (args.turns and args.dialect != "chat"):
+        parser.error("--turns is a count of chat messages: at least 0, with the chat dialect")
     if args.floor and (not args.upstream or args.dialect != "chat"):
         parser.error(
             "--floor passes chat completions through to nginx: it needs --upstream and the chat dialect"
