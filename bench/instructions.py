@@ -14,7 +14,7 @@ kernel's work in its system calls nor time spent waiting; where the time goes by
 Needs valgrind (callgrind_control comes with it), and nginx for `--upstream`.
 
     python -m bench.instructions [--upstream] [--policy] [--stream] [--dialect chat|messages|responses]
-                                 [--requests 200] [--rounds 3] [--warmup 50]
+                                 [--turns N] [--floor] [--requests 200] [--rounds 3] [--warmup 50]
 """
 
 from __future__ import annotations

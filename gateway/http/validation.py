@@ -111,7 +111,7 @@ KEY_CHECKER = json.JSONDecoder(object_pairs_hook=no_duplicates)
 
 
 def repeated_key(raw: bytes) -> str | None:
-    """The first key an object of the body (which orjson read) gives twice, or None.
+    """A key an object of the body (which orjson read) gives twice, or None.
 
     jiter (pydantic's parser) finds one in a pass at about orjson's speed; the standard
     library's decoder, with a Python call for every object, took three to four times orjson's
