@@ -35,7 +35,7 @@ import yaml
 
 from bench.dialects import DIALECTS
 from bench.processes import Server, accepts_connections, answers_health, free_port, start_server
-from bench.profile import KEY, config
+from bench.profile import KEY, add_request_options, config, described
 from bench.run import ROOT, STREAM_PATH
 from bench.upstream import STREAM_CHUNKS, nginx_command, write_nginx_files
 
@@ -157,9 +157,7 @@ def measure(args: argparse.Namespace, tmp: Path) -> dict[str, list[float]]:
 
 
 def report(args: argparse.Namespace, found: dict[str, list[float]]) -> None:
-    what = ("openai-compatible → nginx" if args.upstream else "echo") + (", policy on" if args.policy else "")
-    what += ", streamed" if args.stream else ""
-    what += f", {DIALECTS[args.dialect].label}" if args.dialect != "chat" else ""
+    what = described(args)
     if args.turns:
         size = len(orjson.dumps(with_turns(DIALECTS[args.dialect].request, args.turns)))
         what += f", {args.turns} earlier turns ({size:,} bytes)"
@@ -183,14 +181,7 @@ def report(args: argparse.Namespace, found: dict[str, list[float]]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.instructions", description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--upstream", action="store_true", help="openai-compatible in front of nginx (else echo)"
-    )
-    parser.add_argument("--policy", action="store_true", help="a key, and rate limits that never refuse")
-    parser.add_argument("--stream", action="store_true", help="streamed requests (also per chunk)")
-    parser.add_argument(
-        "--dialect", choices=tuple(DIALECTS), default="chat", help="the client dialect asked (default: chat)"
-    )
+    add_request_options(parser, "also per chunk")
     parser.add_argument("--requests", type=int, default=200, help="requests counted a round (default: 200)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds counted (default: 3)")
     parser.add_argument("--warmup", type=int, default=50, help="requests before counting (default: 50)")

@@ -174,9 +174,7 @@ def profile(args: argparse.Namespace, tmp: Path) -> int:
 def report(
     args: argparse.Namespace, result: load.WrkResult, per_request: float, found: dict[str, float]
 ) -> None:
-    what = ("openai-compatible → nginx" if args.upstream else "echo") + (", policy on" if args.policy else "")
-    what += ", streamed" if args.stream else ""
-    what += f", {DIALECTS[args.dialect].label}" if args.dialect != "chat" else ""
+    what = described(args)
     print(f"chatgate ({what}), c=32: {result.rps:,.0f} req/s, {result.errors} errors, "
           f"{per_request:.0f} µs CPU per request")  # fmt: skip
     unit = "µs/chunk" if args.stream else "µs/req"
@@ -186,16 +184,28 @@ def report(
         print(f"{name:<52} {share:>6.1%} {cost:>9.1f}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__.splitlines()[0])
+def add_request_options(parser: argparse.ArgumentParser, per_chunk: str) -> None:
+    """What is asked of which gateway: the options this and bench/instructions.py share."""
     parser.add_argument(
         "--upstream", action="store_true", help="openai-compatible in front of nginx (else echo)"
     )
     parser.add_argument("--policy", action="store_true", help="a key, and rate limits that never refuse")
-    parser.add_argument("--stream", action="store_true", help="streamed requests (µs per chunk)")
+    parser.add_argument("--stream", action="store_true", help=f"streamed requests ({per_chunk})")
     parser.add_argument(
         "--dialect", choices=tuple(DIALECTS), default="chat", help="the client dialect asked (default: chat)"
     )
+
+
+def described(args: argparse.Namespace) -> str:
+    """The request and gateway those options chose, in words."""
+    what = ("openai-compatible → nginx" if args.upstream else "echo") + (", policy on" if args.policy else "")
+    what += ", streamed" if args.stream else ""
+    return what + (f", {DIALECTS[args.dialect].label}" if args.dialect != "chat" else "")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__.splitlines()[0])
+    add_request_options(parser, "µs per chunk")
     parser.add_argument("--seconds", type=int, default=20, help="seconds sampled")
     parser.add_argument("--raw", type=Path, help="keep py-spy's raw samples here")
     args = parser.parse_args(argv)
