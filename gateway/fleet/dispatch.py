@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from gateway.core.canonical import ChatRequest, EventStream, Item, Usage
 from gateway.core.deadline import task_of
 from gateway.core.errors import GatewayError, GatewayTimeout, ServiceUnavailable
+from gateway.core.turns import LoopTurns
 from gateway.fleet.affinity import Prompt
 from gateway.fleet.attempt import NOT_RETRIED, RETRYABLE, Attempt, verdict_of
 from gateway.fleet.router import Replica, RoutedDeployment
@@ -31,7 +32,8 @@ def request_failed(error: GatewayError, replicas: int) -> GatewayError:
     return failure
 
 
-# Longest run of events relayed without giving the event loop a turn.
+# Longest run of events relayed without giving the event loop a turn: at most twice this, as
+# the relay asks only this often whether it has let the loop run (gateway/core/turns.py).
 TURN_SECONDS = 0.005
 OnUsage = Callable[[Usage], Awaitable[None]]  # hears an answer's usage as it passes (to charge it)
 Take = Callable[[Item], None]  # takes a whole answer's items, one by one
@@ -132,6 +134,13 @@ class Dispatcher:
         self.metrics = metrics
         self.rng = rng
         self.tracing = tracing  # None: off
+        self.turns: LoopTurns | None = None  # the serving loop's (made on its first stream)
+
+    def turns_on(self, loop: asyncio.AbstractEventLoop) -> LoopTurns:
+        turns = self.turns
+        if turns is None or turns.loop is not loop:
+            turns = self.turns = LoopTurns(loop)
+        return turns
 
     async def events(
         self,
@@ -151,7 +160,8 @@ class Dispatcher:
         upstream, deadline = attempt.events, attempt.watchdog.deadline
         loop = deadline.loop
         clock = loop.time
-        turn_at = clock() + TURN_SECONDS
+        turns = self.turns_on(loop)
+        seen, turn_at = turns.ask(), clock() + TURN_SECONDS
         async with attempt:
             while item is not None:
                 if (charging := attempt.noted(item)) is not None:
@@ -164,9 +174,11 @@ class Dispatcher:
                     # A backend with events ready (echo, a buffered upstream) and a client that
                     # takes them without waiting (or has gone, so sends return at once) would
                     # never suspend: give the loop a turn, so other requests are served and a
-                    # disconnect is heard (it cancels this task here).
-                    await asyncio.sleep(0)
-                    turn_at = clock() + TURN_SECONDS
+                    # disconnect is heard (it cancels this task here). A relay that has waited
+                    # since it last asked (a model's pace) has given it one already.
+                    if turns.count == seen:
+                        await asyncio.sleep(0)
+                    seen, turn_at = turns.ask(), clock() + TURN_SECONDS
                 # the task that asks for the next item (the first ones are asked for by the chat
                 # flow's wait for the first token, the rest by the request's own task)
                 task = task_of(loop)

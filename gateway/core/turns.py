@@ -1,0 +1,39 @@
+"""Whether a task has let its event loop run since it last asked.
+
+A relay that never waits (a backend with its events ready, a client that takes them at once)
+must give the loop a turn now and then, or no other request is served and no disconnect is
+heard. One that waits for every event has given it already, and a turn given anyway is a whole
+resumption of the request's task: a callback, a loop turn, and every frame of the request's
+stack resumed and suspended again. With a thousand slow streams that was about a tenth of a
+relayed chunk's CPU. `LoopTurns` tells the two apart with one callback per turn of the loop,
+shared by every relay on it, not one per relay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+
+class LoopTurns:
+    """The turns of one event loop, counted while anyone asks.
+
+    `ask()` makes sure a callback is due at the loop's next turn, and gives the count as it is.
+    The callback runs only once the task that asked has given the loop back, so a task that
+    later finds `count` moved knows it has let the loop run since it asked."""
+
+    __slots__ = ("count", "loop", "pending")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.count = 0
+        self.pending = False  # a callback is due (asked for by this or another task)
+
+    def ask(self) -> int:
+        if not self.pending:
+            self.pending = True
+            self.loop.call_soon(self.turned)
+        return self.count
+
+    def turned(self) -> None:
+        self.pending = False
+        self.count += 1
