@@ -718,10 +718,11 @@ class StreamState:
                 raise stream_error(chunk)  # LMI (DJL Serving): {code, type, message}
         events: list[Event] = []
         try:
-            # most upstreams say neither in any chunk: asked with two key lookups, not a call
+            # most upstreams say neither in any chunk, or null in every one: asked with two key
+            # lookups, not a call
             if (
                 not self.served
-                and ("system_fingerprint" in chunk or "service_tier" in chunk)
+                and (chunk.get("system_fingerprint") is not None or chunk.get("service_tier") is not None)
                 and (served := served_by(chunk)) is not None
             ):
                 events.append(served)

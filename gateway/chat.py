@@ -182,6 +182,8 @@ class ChatPipeline:
     def rendered(self, answer: Answer, item: Item, state: Any) -> bytes:
         """An item's chunks, framed, as one piece."""
         translator, frame = self.translator, self.translator.framing.frame
+        if isinstance(item, list) and len(item) == 1:  # most of a stream's items: one event
+            item = item[0]
         if not isinstance(item, list):
             return b"".join(map(frame, translator.chunks(answer, item, state)))
         return b"".join(frame(chunk) for event in item for chunk in translator.chunks(answer, event, state))

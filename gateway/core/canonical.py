@@ -310,6 +310,8 @@ def prompt_text(messages: list[dict[str, Any]]) -> str:
 
 def mark_last_text(events: list[Event]) -> list[Event]:
     """The events, each TextDelta directly followed by its choice's Finish marked `last`."""
+    if len(events) < 2:  # most of a stream's chunks: one event
+        return events
     for event, following in pairwise(events):
         if isinstance(event, TextDelta) and isinstance(following, Finish) and following.index == event.index:
             event.last = True
