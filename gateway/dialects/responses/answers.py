@@ -222,6 +222,7 @@ class ResponseStream:
     message: dict[str, Any] | None = None  # the message item being written
     part: dict[str, Any] | None = None  # its content part being written
     pieces: list[str] = field(default_factory=list)  # that part's text so far
+    at: dict[str, Any] = field(default_factory=dict)  # that part's item_id, output_index, content_index
     served: ServedBy = field(default_factory=ServedBy)
     reason: FinishReason | None = None
     response: dict[str, Any] | None = None  # the whole response, once it has ended
@@ -320,36 +321,47 @@ class ResponsesTranslator:
     def text(self, state: ResponseStream, kind: str, text: str, logprobs: list[dict[str, Any]]) -> list[Any]:
         """A piece of text or refusal, opening its message and part first when they are not open."""
         out: list[Any] = []
+        part = state.part
+        if part is None or part["type"] != kind:  # else the open part goes on: most of a stream
+            part = self.open_part(state, kind, out)
+        state.pieces.append(text)
+        if kind == "output_text":
+            if logprobs:
+                part["logprobs"] += logprobs
+            out.append(
+                self.event(
+                    state,
+                    {"type": "response.output_text.delta", **state.at, "delta": text, "logprobs": logprobs},
+                )
+            )
+        else:
+            out.append(self.event(state, {"type": "response.refusal.delta", **state.at, "delta": text}))
+        return out
+
+    def open_part(self, state: ResponseStream, kind: str, out: list[Any]) -> dict[str, Any]:
+        """A new content part of `kind`, in the open message (opened first when none is), after
+        closing the open part of the other kind; the events that says go to `out`."""
         message = state.message
         if message is None:
             message = state.message = message_item(item_id("msg_"), "in_progress", None, None, [])
             state.output.append(message)
             out.append(self.item_event(state, "response.output_item.added", message))
-        part = state.part
-        if part is not None and part["type"] != kind:
+        if state.part is not None:
             out += self.close_part(state)
-            part = None
-        index = len(message["content"]) - (1 if part is not None else 0)
-        base = {"item_id": message["id"], "output_index": len(state.output) - 1, "content_index": index}
-        if part is None:
-            part = state.part = (
-                {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-                if kind == "output_text"
-                else {"type": "refusal", "refusal": ""}
-            )
-            message["content"].append(part)
-            out.append(self.event(state, {"type": "response.content_part.added", **base, "part": dict(part)}))
-        state.pieces.append(text)
-        if kind == "output_text":
-            part["logprobs"] += logprobs
-            out.append(
-                self.event(
-                    state, {"type": "response.output_text.delta", **base, "delta": text, "logprobs": logprobs}
-                )
-            )
-        else:
-            out.append(self.event(state, {"type": "response.refusal.delta", **base, "delta": text}))
-        return out
+        # where the part's events say it is: the message is the last output item while it is open
+        state.at = {
+            "item_id": message["id"],
+            "output_index": len(state.output) - 1,
+            "content_index": len(message["content"]),
+        }
+        part = state.part = (
+            {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+            if kind == "output_text"
+            else {"type": "refusal", "refusal": ""}
+        )
+        message["content"].append(part)
+        out.append(self.event(state, {"type": "response.content_part.added", **state.at, "part": dict(part)}))
+        return part
 
     def item_event(self, state: ResponseStream, kind: str, item: dict[str, Any]) -> dict[str, Any]:
         copy = {**item, "content": list(item["content"])} if "content" in item else dict(item)

@@ -363,6 +363,50 @@ def test_a_refusal_streams_its_own_events(refspecs: Path):
     assert "response.refusal.done" in [p["type"] for p in payloads]
 
 
+def test_each_delta_says_where_its_part_is(refspecs: Path):
+    """Text, a refusal, text again, a call, then text: each delta carries its own part's
+    item_id, output_index and content_index, those its `content_part.added` said."""
+    events: list[Event] = [
+        TextDelta(0, "a"),
+        TextDelta(0, "b"),
+        RefusalDelta(0, "no"),
+        TextDelta(0, "c"),
+        ToolCallDelta(0, 0, "call_1", "f", "{}"),
+        TextDelta(0, "d"),
+        TextDelta(0, "e"),
+        Finish(0, "stop"),
+        USAGE,
+    ]
+    payloads = stream({"model": "m", "input": "x", "tools": [{"type": "function", "name": "f"}]}, events)
+    for payload in payloads:
+        held_to_both(refspecs, "response_event", payload, "text/event-stream")
+    place = ("item_id", "output_index", "content_index")
+    opened, deltas = [], []
+    for payload in payloads:
+        where = tuple(payload.get(key) for key in place)
+        if payload["type"] == "response.content_part.added":
+            opened.append(where)
+        elif payload["type"] in ("response.output_text.delta", "response.refusal.delta"):
+            deltas.append((where, payload["delta"]))
+    first, second = (
+        p["item"]["id"]
+        for p in payloads
+        if p["type"] == "response.output_item.added" and p["item"]["type"] == "message"
+    )
+    assert opened == [(first, 0, 0), (first, 0, 1), (first, 0, 2), (second, 2, 0)]
+    assert deltas == [
+        ((first, 0, 0), "a"),
+        ((first, 0, 0), "b"),
+        ((first, 0, 1), "no"),
+        ((first, 0, 2), "c"),
+        ((second, 2, 0), "d"),
+        ((second, 2, 0), "e"),
+    ]
+    output = payloads[-1]["response"]["output"]
+    assert [part.get("text", part.get("refusal")) for part in output[0]["content"]] == ["ab", "no", "c"]
+    assert [part["text"] for part in output[2]["content"]] == ["de"]
+
+
 def test_logprobs_ride_on_the_deltas(refspecs: Path):
     logprobs = [TokenLogprob("Hi", -0.1, [TopLogprob("Hi", -0.1), TopLogprob("Yo", -2.0)])]
     payloads = stream(
