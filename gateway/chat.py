@@ -21,7 +21,6 @@ from typing import Any
 
 import orjson
 from starlette.responses import Response
-from starlette.types import Message, Send
 
 from gateway.core.canonical import (
     ChatRequest,
@@ -42,7 +41,7 @@ from gateway.dialects.dialect import ChatHook, Dialect
 from gateway.dialects.translator import JSON, Answer, Translator
 from gateway.fleet.dispatch import QueueWait
 from gateway.http.call import Call
-from gateway.http.streaming import EventStreamResponse
+from gateway.http.streaming import EventStreamResponse, PieceWriter
 from gateway.policy.admission import Admission
 from gateway.runtime import Runtime
 
@@ -195,7 +194,7 @@ class ChatPipeline:
         events: EventStream,
         call: Call,
         keepalive: float | None,
-        send: Send,
+        write: PieceWriter,
     ) -> None:
         """The answer's events written as the dialect's stream, each item rendered and sent as it
         comes (the stream's one loop past the dispatcher's); a failure ends it with an error in
@@ -208,7 +207,7 @@ class ChatPipeline:
             while not first.done():
                 await asyncio.wait({first}, timeout=keepalive)
                 if not first.done() and framing.keepalive is not None:
-                    await send(body_message(framing.keepalive))
+                    await written(write, framing.keepalive)
             held = first.result()
             if held:
                 # what came up to the first token goes out in one write (a choice's role chunk
@@ -217,7 +216,7 @@ class ChatPipeline:
                     room -= len(data)
                     if hook is not None and ends(held[-1]):
                         await hook.streamed(call, answer, state)  # kept before the client reads the end
-                    await send(body_message(data))
+                    await written(write, data)
                 # a turn of the loop, so that the first chunk leaves now: the edge joins what
                 # one turn writes, and a burst the upstream sent at once (all read in this
                 # turn) would otherwise hold it back until the burst was rendered
@@ -230,17 +229,18 @@ class ChatPipeline:
                             raise answer_too_large(self.max_response_bytes)
                         if hook is not None and ends(item):
                             await hook.streamed(call, answer, state)
-                        await send({"type": "http.response.body", "body": data, "more_body": True})
+                        if (waiting := write(data)) is not None:  # the client is slow to take it
+                            await waiting
         except GatewayError as error:
             # the status went out as 200 with the first byte; the record says how it ended
             call.record.error_code = error.code
-            await send(body_message(framing.error(translator.stream_error(error, call.request_id, state))))
+            await written(write, framing.error(translator.stream_error(error, call.request_id, state)))
             return
         except Exception:  # an unexpected fault mid-stream: report it in shape, never hang
             log.exception("stream failed")
             failure = InternalError("The backend failed mid-stream.")
             call.record.error_code = failure.code
-            await send(body_message(framing.error(translator.stream_error(failure, call.request_id, state))))
+            await written(write, framing.error(translator.stream_error(failure, call.request_id, state)))
             return
         finally:
             if not first.done():
@@ -249,12 +249,13 @@ class ChatPipeline:
                     await first
             await events.aclose()
         if framing.done is not None:
-            await send(body_message(framing.done))
+            await written(write, framing.done)
 
 
-def body_message(data: bytes) -> Message:
-    """A piece of a stream's body, as ASGI sends it."""
-    return {"type": "http.response.body", "body": data, "more_body": True}
+async def written(write: PieceWriter, data: bytes) -> None:
+    """A piece of a stream's body written, once the client has taken enough of the earlier ones."""
+    if (waiting := write(data)) is not None:
+        await waiting
 
 
 async def until_started(first: asyncio.Future, hold: float | None, queue: QueueWait) -> None:

@@ -26,7 +26,8 @@ attempt), are answered as JSON in the shape of the dialect the path belongs to, 
 text, and never inside another answer: one owed while earlier answers are still being written
 follows them, and nothing more is read.
 
-How it writes (one system call a turn, the socket's unsent bytes, HTTP/1.0) is edge_writing.py's.
+How it writes (one system call a turn, the socket's unsent bytes, a stream's pieces, HTTP/1.0) is
+edge_writing.py's.
 """
 
 from __future__ import annotations
@@ -42,7 +43,12 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from gateway.config.settings import ClientLimits
 from gateway.core.disconnect import SCOPE_KEY, ClientWatch
 from gateway.core.memory import release_free_memory
-from gateway.server.edge_writing import CloseDelimitedCycle, CoalescingTransport, unacknowledged
+from gateway.server.edge_writing import (
+    CloseDelimitedCycle,
+    CoalescingTransport,
+    PieceWritingCycle,
+    unacknowledged,
+)
 
 log = logging.getLogger("chatgate.edge")
 # (status, message, path) → (body, media type), in the shape of the path's dialect
@@ -329,6 +335,8 @@ class EdgeProtocol(HttpToolsProtocol):
             self.cycle.keep_alive = False  # one answer, and the place is free again
         if self.scope["http_version"] == "1.0":
             self.cycle.__class__ = CloseDelimitedCycle
+        else:
+            self.cycle.__class__ = PieceWritingCycle
 
     def check_expectation(self, expectation: bytes) -> None:
         """413 before the client is told to send a body the gateway would refuse; 417 for an

@@ -1,6 +1,7 @@
 """How the edge writes: what one turn of the event loop writes goes out in one system call, a
 socket holds little that its client has not taken, a client's progress in taking it can be
-seen, and an HTTP/1.0 answer of unknown length runs to the connection's close."""
+seen, a stream's pieces go straight to the connection, and an HTTP/1.0 answer of unknown length
+runs to the connection's close."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import fcntl
 import socket
 import struct
 import termios
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from uvicorn._types import ASGISendEvent
@@ -92,6 +93,35 @@ class CoalescingTransport:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.transport, name)
+
+
+class PieceWritingCycle(RequestResponseCycle):
+    """An HTTP/1.1 request's answer, which offers a stream a writer of its pieces of its own."""
+
+    def piece_writer(self) -> Callable[[bytes], Awaitable[None] | None] | None:
+        """Once a chunked answer's head went out: its pieces written straight to the connection,
+        each a chunk, as uvicorn's `send` writes an `http.response.body` with `more_body`, with
+        no message or coroutine a piece (gateway/http/streaming.py). None for any other answer
+        (a HEAD's, one of known length, one that ended): its pieces go through `send`.
+
+        As `send` does, it writes nothing once the client has gone, and has the writer wait
+        (the flow's drain) while the connection holds more than its limit: `send` waits before
+        a piece, this after one, so either way nothing more is made until the client takes some."""
+        if (
+            not (self.response_started and self.chunked_encoding)
+            or self.response_complete
+            or self.scope["method"] == "HEAD"
+        ):
+            return None
+        transport, flow = self.transport, self.flow
+
+        def write(data: bytes) -> Awaitable[None] | None:
+            if self.disconnected or not data:  # an empty chunk would end the body
+                return None
+            transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+            return flow.drain() if flow.write_paused else None
+
+        return write
 
 
 class CloseDelimitedCycle(RequestResponseCycle):

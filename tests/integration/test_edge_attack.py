@@ -166,6 +166,23 @@ def test_a_slow_reader_that_keeps_reading_is_not_cut(impatient: GatewayProcess):
     assert events.endswith(b"data: [DONE]\n\n")
 
 
+def test_a_stream_is_made_no_faster_than_its_client_takes_it(impatient: GatewayProcess):
+    """20 clients ask for a stream of megabytes and take none of it: behind the edge the pieces
+    go straight to the connection (gateway/server/edge_writing.py, PieceWritingCycle), and the
+    relay waits once the connection holds its limit, so the gateway holds a little of each
+    stream, not the whole of it, until the clients are cut."""
+    request = chat(echo_of(50_000, 8, stream=True))
+    full = len(exchange(impatient, request))
+    assert full > 5_000_000
+    before = rss_kib(impatient)
+    with closing_all([connected(impatient) for _ in range(20)]) as clients:
+        for sock in clients:
+            sock.sendall(request)
+        time.sleep(0.75 * WRITE_TIMEOUT)  # before any is cut; unchecked, each grows all the while
+        held = (rss_kib(impatient) - before) * 1024
+    assert held < 20 * full / 10, f"{held // 2**20} MB held for streams of {20 * full // 2**20} MB in all"
+
+
 # ----- 5: the connection cap, pinned without a key -------------------------------------------------
 
 PIPELINED_DOCUMENTS = b"GET /v1/openapi.json HTTP/1.1\r\nhost: x\r\n\r\n" * 150

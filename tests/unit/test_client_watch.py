@@ -104,12 +104,12 @@ def stream_scenario(with_watch: bool) -> tuple[list[dict], RequestRecord, list[s
     gone = asyncio.Event()
     tasks_seen: list[int] = []
 
-    async def body(send) -> None:
+    async def body(write) -> None:
         try:
-            await send({"type": "http.response.body", "body": b"data: 1\n\n", "more_body": True})
+            await write(b"data: 1\n\n")  # a plain `send` underneath: each piece a message
             tasks_seen.append(len(asyncio.all_tasks()))
             await asyncio.sleep(60)  # a stalled upstream
-            await send({"type": "http.response.body", "body": b"data: 2\n\n", "more_body": True})
+            await write(b"data: 2\n\n")
         finally:
             ended.append("body closed")
 
