@@ -125,6 +125,17 @@ def closing_all(socks: list[socket.socket]) -> Iterator[list[socket.socket]]:
             sock.close()
 
 
+@contextlib.contextmanager
+def asked_by_clients_that_read_nothing(
+    gateway: GatewayProcess, request: bytes, count: int = 20
+) -> Iterator[list[socket.socket]]:
+    """`count` clients that have sent `request` and read nothing yet."""
+    with closing_all([connected(gateway) for _ in range(count)]) as clients:
+        for sock in clients:
+            sock.sendall(request)
+        yield clients
+
+
 # ----- 4: a client that never reads its answer ----------------------------------------------------
 
 
@@ -137,9 +148,7 @@ def test_a_client_that_reads_nothing_is_cut_and_what_it_held_freed(impatient: Ga
     full = len(exchange(impatient, request))
     assert full > 3_000_000
     before = rss_kib(impatient)
-    with closing_all([connected(impatient) for _ in range(20)]) as clients:
-        for sock in clients:
-            sock.sendall(request)
+    with asked_by_clients_that_read_nothing(impatient, request) as clients:
         time.sleep(2 * WRITE_TIMEOUT + 3)  # cut, and the memory handed back a second later
         held = rss_kib(impatient) - before
         for sock in clients:
@@ -175,9 +184,7 @@ def test_a_stream_is_made_no_faster_than_its_client_takes_it(impatient: GatewayP
     full = len(exchange(impatient, request))
     assert full > 5_000_000
     before = rss_kib(impatient)
-    with closing_all([connected(impatient) for _ in range(20)]) as clients:
-        for sock in clients:
-            sock.sendall(request)
+    with asked_by_clients_that_read_nothing(impatient, request):
         time.sleep(0.75 * WRITE_TIMEOUT)  # before any is cut; unchecked, each grows all the while
         held = (rss_kib(impatient) - before) * 1024
     assert held < 20 * full / 10, f"{held // 2**20} MB held for streams of {20 * full // 2**20} MB in all"

@@ -89,6 +89,15 @@ async def started(made: PieceWritingCycle, headers: list[tuple[bytes, bytes]] | 
     await made.send({"type": "http.response.start", "status": 200, "headers": headers or []})
 
 
+async def writing() -> tuple[CountedCycle, Written, Callable[[bytes], Any]]:
+    """A chunked answer whose head went out, and the writer it offers."""
+    made, written = cycle()
+    await started(made)
+    write = made.piece_writer()
+    assert write is not None
+    return made, written, write
+
+
 @in_a_loop
 async def test_the_pieces_are_the_bytes_uvicorns_send_writes():
     by_send, sent = cycle()
@@ -108,35 +117,19 @@ async def test_the_pieces_are_the_bytes_uvicorns_send_writes():
     assert body == b"".join(b"%x\r\n%b\r\n" % (len(piece), piece) for piece in PIECES) + b"0\r\n\r\n"
 
 
+@pytest.mark.parametrize("case", ["an empty piece, which would end the body", "the client has gone"])
 @in_a_loop
-async def test_an_empty_piece_writes_nothing_it_would_end_the_body():
-    made, written = cycle()
-    await started(made)
+async def test_nothing_is_written(case: str):
+    made, written, write = await writing()
+    made.disconnected = case == "the client has gone"
     before = bytes(written.data)
-    write = made.piece_writer()
-    assert write is not None
-    assert write(b"") is None
-    assert bytes(written.data) == before
-
-
-@in_a_loop
-async def test_nothing_is_written_once_the_client_has_gone():
-    made, written = cycle()
-    await started(made)
-    write = made.piece_writer()
-    assert write is not None
-    made.disconnected = True
-    before = bytes(written.data)
-    assert write(b"data: {}\n\n") is None
+    assert write(b"" if case.startswith("an empty") else b"data: {}\n\n") is None
     assert bytes(written.data) == before
 
 
 @in_a_loop
 async def test_the_writer_waits_while_the_connection_holds_too_much():
-    made, written = cycle()
-    await started(made)
-    write = made.piece_writer()
-    assert write is not None
+    made, written, write = await writing()
     made.flow.pause_writing()
     waiting = write(b"data: {}\n\n")
     assert waiting is not None
