@@ -91,6 +91,7 @@ def test_streams_and_memory_measured(smoke):
     relay = streaming["relay"]
     assert relay["errors"] == 0 and relay["chunks"] > 0 and relay["chunks_per_s"] > 0
     assert relay["chunks_per_stream"] >= 60  # the 64-chunk stream arrived whole
+    assert len(relay["rounds_chunks_per_core_s"]) == 1 and relay["chunks_per_core_s"] > 0  # smoke: 1 round
     memory = results["memory"]
     assert memory["requests"] > 0
     assert all(memory[name] > 0 for name in ("idle_mb", "warm_mb", "after_mb"))

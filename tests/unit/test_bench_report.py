@@ -175,3 +175,36 @@ def test_a_round_without_a_figure_is_left_out_of_the_ratio():
         "over_chat": pytest.approx(1.1),
     }
     assert run.over_chat([None], [10.0]) == {"over_chat_by_round": [], "over_chat": None}
+
+
+def relay_round(chunks: int, cpu: float, errors: int = 0) -> tuple[load.RelayResult, float, float]:
+    found = load.RelayResult(
+        concurrency=32,
+        seconds=1.0,
+        streams=chunks // 64,
+        chunks=chunks,
+        chunks_per_s=float(chunks),
+        chunks_per_stream=64.0,
+        errors=errors,
+        client_cpu=0.5,
+    )
+    return found, cpu, 1.0
+
+
+def test_the_relay_rows_figure_is_its_rounds_median():
+    """One slow round does not decide chunks per core-second (a single 3 s run read 48k for
+    code that read 61k in every other): the median does; the totals are the rounds' sums."""
+    rounds = [relay_round(60_000, 1.0), relay_round(30_000, 1.0), relay_round(64_000, 1.0)]
+    relay = run.relay_figures(rounds)
+    assert relay["chunks_per_core_s"] == 60_000
+    assert relay["rounds_chunks_per_core_s"] == [60_000, 30_000, 64_000]
+    assert relay["chunks"] == 154_000 and relay["streams"] == sum(found.streams for found, _, _ in rounds)
+    assert relay["chunks_per_s"] == pytest.approx(154_000 / 3)
+    assert relay["server_cpu"] == pytest.approx(1.0)
+    assert report.relay_per_core({"streaming": {"relay": relay}}) == 60_000
+    # a run saved before the rounds: its one figure
+    old = {key: value for key, value in relay.items() if "core_s" not in key}
+    assert report.relay_per_core({"streaming": {"relay": old}}) == pytest.approx(154_000 / 3)
+    # any error: no figure
+    failed = run.relay_figures([relay_round(60_000, 1.0), relay_round(60_000, 1.0, errors=1)])
+    assert report.relay_per_core({"streaming": {"relay": failed}}) is None
