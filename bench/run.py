@@ -566,7 +566,7 @@ class Bench:
         relay = relay_figures(rounds)
         self.results["streaming"]["relay"] = relay
         self.say(
-            f"relay: {relay['chunks_per_core_s']:,.0f} chunks per core-second (median of "
+            f"relay: {relay['chunks_per_core_s'] or 0:,.0f} chunks per core-second (median of "
             f"{len(rounds)}), cpu {relay['server_cpu']:.0%}, {relay['errors']} errors"
         )
 
