@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import gc
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.chat import ChatPipeline
 from gateway.config.settings import Settings
+from gateway.core.collector import settle_collector
 from gateway.core.errors import NotFound, Unauthorized
 from gateway.core.memory import return_large_blocks
 from gateway.core.options import ConfigError
@@ -43,7 +43,6 @@ from gateway.telemetry.access_log import AccessLog
 from gateway.telemetry.metrics import Metrics
 
 log = logging.getLogger("chatgate")
-YOUNG_GC_THRESHOLD = 20_000
 RETIRE_MARGIN = 5.0  # seconds past the longest request's limit before a retired runtime closes
 JSON = "application/json"
 
@@ -244,14 +243,7 @@ def build_gateway(
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Any) -> AsyncIterator[None]:
-        # The documents and compiled tables live forever: keep them out of the garbage
-        # collector's scans, which otherwise stall requests for milliseconds.
-        gc.collect()
-        gc.freeze()
-        # A request allocates a few hundred container objects, nearly all freed by reference
-        # counting; the default (a young-generation scan every 700) ran a scan every couple of
-        # requests. Every 20,000 cost about 8% less CPU per request in the benchmark.
-        gc.set_threshold(YOUNG_GC_THRESHOLD, *gc.get_threshold()[1:])
+        settle_collector()  # gateway/core/collector.py
         return_large_blocks()  # a large answer's memory goes back to the system (gateway/core/memory.py)
         current.probes.start()  # in the background: start waits for none of it
         current.runtime.router.start()  # the replicas' load reads, where deployments route on them
