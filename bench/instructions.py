@@ -14,7 +14,13 @@ kernel's work in its system calls nor time spent waiting; where the time goes by
 Needs valgrind (callgrind_control comes with it), and nginx for `--upstream`.
 
     python -m bench.instructions [--upstream] [--policy] [--stream] [--dialect chat|messages|responses]
-                                 [--turns N] [--floor] [--requests 200] [--rounds 3] [--warmup 50]
+                                 [--turns N] [--floor] [--paced MS]
+                                 [--requests 200] [--rounds 3] [--warmup 50]
+
+`--paced 20` streams from bench/slow_upstream.py instead of nginx, a chunk every 20 ms: each chunk
+is then a read, a wakeup and a write of its own, as at a model's pace, where nginx's 64 chunks
+arrive together and are relayed in a few reads. Each request then takes 64 gaps: ask for a few
+(`--requests 6 --warmup 2`).
 """
 
 from __future__ import annotations
@@ -115,16 +121,23 @@ def counted(
 
 def measure(args: argparse.Namespace, tmp: Path) -> dict[str, list[float]]:
     """Each round's instructions per request: chatgate's, and the floor's with `--floor`."""
-    nginx: Server | None = None
+    upstream_server: Server | None = None
     try:
         upstream = None
-        if args.upstream:
+        if args.paced:
+            port = free_port()
+            command = [sys.executable, "-m", "bench.slow_upstream", str(port), str(args.paced)]
+            upstream_server = start_server(
+                "paced upstream", command, port, tmp / "paced.log", accepts_connections(port), ROOT
+            )
+            upstream = upstream_server.url
+        elif args.upstream:
             port = free_port()
             conf = write_nginx_files(tmp, port)
-            nginx = start_server(
+            upstream_server = start_server(
                 "nginx", nginx_command(tmp, conf), port, tmp / "nginx.log", accepts_connections(port), tmp
             )
-            upstream = nginx.url
+            upstream = upstream_server.url
         path = tmp / "chatgate.yaml"
         path.write_text(yaml.safe_dump(config(upstream, args.policy), sort_keys=False))
         dialect = DIALECTS[args.dialect]
@@ -152,8 +165,8 @@ def measure(args: argparse.Namespace, tmp: Path) -> dict[str, list[float]]:
             found["floor"] = counted("floor", command, port, url, body, headers, args, tmp, env)
         return found
     finally:
-        if nginx is not None:
-            nginx.stop()
+        if upstream_server is not None:
+            upstream_server.stop()
 
 
 def report(args: argparse.Namespace, found: dict[str, list[float]]) -> None:
@@ -196,7 +209,17 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also count the Python floor, bench/floor.py (with --upstream, chat)",
     )
+    parser.add_argument(
+        "--paced",
+        type=int,
+        metavar="MS",
+        help="stream from bench/slow_upstream.py, a chunk every MS ms, not nginx at once (implies --stream)",
+    )
     args = parser.parse_args(argv)
+    if args.paced is not None:
+        if args.paced < 1 or args.floor or args.turns:
+            parser.error("--paced is a gap of at least 1 ms, without --floor or --turns")
+        args.upstream = args.stream = True
     if args.requests < 1 or args.rounds < 1 or args.warmup < 0:
         parser.error("--requests and --rounds must be at least 1, --warmup at least 0")
     if args.turns < 0 or (args.turns and args.dialect != "chat"):
@@ -205,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(
             "--floor passes chat completions through to nginx: it needs --upstream and the chat dialect"
         )
-    needed = ["valgrind", "callgrind_control"] + (["nginx"] if args.upstream else [])
+    needed = ["valgrind", "callgrind_control"] + (["nginx"] if args.upstream and not args.paced else [])
     if missing := [tool for tool in needed if shutil.which(tool) is None]:
         print(
             f"bench.instructions needs {', '.join(missing)} (Debian: apt-get install valgrind)",

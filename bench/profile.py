@@ -198,7 +198,11 @@ def add_request_options(parser: argparse.ArgumentParser, per_chunk: str) -> None
 
 def described(args: argparse.Namespace) -> str:
     """The request and gateway those options chose, in words."""
-    what = ("openai-compatible → nginx" if args.upstream else "echo") + (", policy on" if args.policy else "")
+    if paced := getattr(args, "paced", None):  # bench.instructions' own
+        what = f"openai-compatible → an upstream at a chunk every {paced} ms"
+    else:
+        what = "openai-compatible → nginx" if args.upstream else "echo"
+    what += ", policy on" if args.policy else ""
     what += ", streamed" if args.stream else ""
     return what + (f", {DIALECTS[args.dialect].label}" if args.dialect != "chat" else "")
 
