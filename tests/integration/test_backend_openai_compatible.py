@@ -101,6 +101,11 @@ FRAGMENTED_STREAM = [
     b"data: [DONE]\n\n",
 ]  # fmt: skip
 FRAGMENTED_CHUNKS_SEEN = 6  # two content chunks, four tool-call fragments
+BURSTS = {
+    "burst": FRAGMENTED_STREAM,
+    "burst-failing": [chunk([delta(role="assistant", content="Hel")]), chunk([delta(content="lo")]),
+                      sse({"error": {"message": "overloaded"}})],
+}  # fmt: skip
 
 
 class StubUpstream(LoopbackServer):
@@ -172,6 +177,10 @@ class StubUpstream(LoopbackServer):
             for piece in FRAGMENTED_STREAM:
                 writer.write(piece)
                 await writer.drain()
+        elif behaviour in BURSTS:  # the whole stream in one write: the gateway reads it at once
+            await start_stream(writer)
+            writer.write(b"".join(BURSTS[behaviour]))
+            await writer.drain()
         elif behaviour in ("stall", "midstream"):
             if behaviour == "midstream":
                 await start_stream(writer)
@@ -288,7 +297,8 @@ STUB_BEHAVIOURS = ["status-400", "status-401", "status-403", "status-404", "stat
                    "status-429", "status-500", "status-503", "malformed", "capture",
                    "fragments", "stall", "midstream", "truncated", "refusing",
                    "detailed", "retry-after-abc", "retry-after-negative", "retry-after-markup",
-                   "retry-after-huge", "retry-after-date", "quotes-key"]  # fmt: skip
+                   "retry-after-huge", "retry-after-date", "quotes-key", "burst",
+                   "burst-failing"]  # fmt: skip
 # what the stub's 429 says in Retry-After, by behaviour; and what the client may be told
 RETRY_AFTERS = {
     "retry-after-abc": ("abc", None),
@@ -992,3 +1002,47 @@ def test_a_call_given_both_as_tool_calls_and_as_function_call_is_one_call() -> N
         calls = [e for e in backend.completion_events(body, request, None) if isinstance(e, ToolCallDelta)]
         assert [(c.name, c.arguments) for c in calls] == [("get_weather", '{"city": "Paris"}')]
         assert call_id is None or calls[0].id == call_id
+
+
+def burst_items(stub: StubUpstream, behaviour: str) -> tuple[list[Any], BaseException | None]:
+    """The items the backend passes on for one of the stub's bursts (run in process), and what it
+    raised after them, if anything."""
+    items: list[Any] = []
+
+    async def run() -> BaseException | None:
+        backend = OpenAICompatibleBackend(model="m", base_url=f"{stub.url}/{behaviour}/v1")
+        request = ChatRequest(model="m", messages=MESSAGES, stream=True)
+        try:
+            async for item in backend.generate(request):
+                items.append(item)
+        except BadGateway as error:
+            return error
+        finally:
+            await backend.aclose()
+        return None
+
+    return items, asyncio.run(run())
+
+
+def test_what_one_read_brings_goes_on_as_one_item(stub: StubUpstream) -> None:
+    """A stream the upstream sent at once is read at once, and its events pass on as one item, in
+    order: one pass of the relay for all of them (a fifth of a streamed request's instructions in
+    front of nginx), not one pass each. The client still gets each event as its own chunk."""
+    items, raised = burst_items(stub, "burst")
+    assert raised is None
+    assert len(items) == 2, items  # what the read brought, then the stream's end
+    said = list(items[0])
+    texts = [event.text for event in said if hasattr(event, "text")]
+    assert texts == ["Hel", "lo"]
+    calls = [(e.id, e.name, e.arguments) for e in said if isinstance(e, ToolCallDelta)]
+    assert calls == [("call_a", "lookup", '{"q": "x"}'), ("call_b", "other", "{}")]  # joined, in order
+    assert said[-1] == Finish(0, "tool_calls", None)
+
+
+def test_what_came_before_a_failure_in_the_same_read_still_goes_on(stub: StubUpstream) -> None:
+    """The upstream's error comes in the read that brought text before it: the text passes on
+    first, then the error (as when each event was an item of its own)."""
+    items, raised = burst_items(stub, "burst-failing")
+    assert isinstance(raised, BadGateway) and "overloaded" in str(raised)
+    assert len(items) == 1, items
+    assert [event.text for event in items[0]] == ["Hel", "lo"]
