@@ -63,7 +63,6 @@ from gateway.core.canonical import (
     EventStream,
     Finish,
     FinishReason,
-    Item,
     NativeBody,
     PromptTokensDetails,
     RefusalDelta,
@@ -414,27 +413,34 @@ class OpenAICompatibleBackend:
                 # the stream decoded and its events passed on read by read as they arrive, from
                 # this generator (no layer of its own): what one read brought is one item, so a
                 # burst the upstream sent at once passes the relay's loops once, not once an event
-                # (a fifth of a streamed request's instructions in front of nginx)
+                # (a fifth of a streamed request's instructions in front of nginx); the read that
+                # ends the stream brings its end too (the choices' ends, the usage), so that the
+                # client gets the answer's last text and its end in one write
                 state = StreamState(asked or self.capabilities.max_n, request.stop)
                 read = answer.read_some  # whatever has arrived; b"" only at the end
                 until.when = first_deadline  # until the first generated chunk, then the whole's
                 while not decoder.done:
                     piece = await until.wait(read())
-                    joined: list[Event] = []  # what one read brought, as one item
+                    brought: list[Event] | None = None  # what one read brought, as one item
                     try:
                         for payload in decoder.feed(piece) if piece else decoder.close():
                             if events := state.feed(parse_json(payload)):
-                                joined += events
+                                if brought is None:  # a read at a model's pace: one payload's
+                                    brought = events
+                                else:
+                                    brought += events
+                        if decoder.done or not piece:  # the stream's end came with this read
+                            end = self.stream_end(decoder, state, request, asked)
+                            brought = end if brought is None else brought + end
                     except Exception:
-                        if joined:  # what came before the failure goes on first
-                            yield joined
+                        if brought:  # what came before the failure goes on first
+                            yield brought
                         raise
-                    if joined:
+                    if brought:
                         until.when = deadline
-                        yield joined
+                        yield brought
                     if not piece:
                         break
-                yield self.stream_end(decoder, state, request, asked)
                 if decoder.done:  # read the stream's end so the connection can be reused
                     await drained(read)
                 return
@@ -487,7 +493,7 @@ class OpenAICompatibleBackend:
 
     def stream_end(
         self, decoder: StreamDecoder, state: StreamState, request: ChatRequest, asked: int | None
-    ) -> Item:
+    ) -> list[Event]:
         """A stream's last item: its choices' ends and its usage (estimated when it sent none);
         a stream cut before its answer was finished, or with fewer choices than asked, refused."""
         if not decoder.done and state.unfinished:

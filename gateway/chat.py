@@ -214,9 +214,10 @@ class ChatPipeline:
                 # and its first text arrive together)
                 if data := b"".join(self.rendered(answer, item, state) for item in held):
                     room -= len(data)
-                    if hook is not None and ends(held[-1]):
+                    last = ends(held[-1])
+                    if last and hook is not None:
                         await hook.streamed(call, answer, state)  # kept before the client reads the end
-                    await written(write, data)
+                    await written(write, data, last)
                 # a turn of the loop, so that the first chunk leaves now: the edge joins what
                 # one turn writes, and a burst the upstream sent at once (all read in this
                 # turn) would otherwise hold it back until the burst was rendered
@@ -227,20 +228,22 @@ class ChatPipeline:
                         room -= len(data)
                         if room < 0:
                             raise answer_too_large(self.max_response_bytes)
-                        if hook is not None and ends(item):
+                        last = ends(item)  # to go out with the stream's end, in one write
+                        if last and hook is not None:
                             await hook.streamed(call, answer, state)
-                        if (waiting := write(data)) is not None:  # the client is slow to take it
+                        if (waiting := write(data, last)) is not None:  # the client is slow to take it
                             await waiting
         except GatewayError as error:
             # the status went out as 200 with the first byte; the record says how it ended
             call.record.error_code = error.code
-            await written(write, framing.error(translator.stream_error(error, call.request_id, state)))
+            await written(write, framing.error(translator.stream_error(error, call.request_id, state)), True)
             return
         except Exception:  # an unexpected fault mid-stream: report it in shape, never hang
             log.exception("stream failed")
             failure = InternalError("The backend failed mid-stream.")
             call.record.error_code = failure.code
-            await written(write, framing.error(translator.stream_error(failure, call.request_id, state)))
+            ended = framing.error(translator.stream_error(failure, call.request_id, state))
+            await written(write, ended, True)
             return
         finally:
             if not first.done():
@@ -249,12 +252,12 @@ class ChatPipeline:
                     await first
             await events.aclose()
         if framing.done is not None:
-            await written(write, framing.done)
+            await written(write, framing.done, True)
 
 
-async def written(write: PieceWriter, data: bytes) -> None:
+async def written(write: PieceWriter, data: bytes, last: bool = False) -> None:
     """A piece of a stream's body written, once the client has taken enough of the earlier ones."""
-    if (waiting := write(data)) is not None:
+    if (waiting := write(data, last)) is not None:
         await waiting
 
 

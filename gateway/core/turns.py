@@ -6,7 +6,8 @@ heard. One that waits for every event has given it already, and a turn given any
 resumption of the request's task: a callback, a loop turn, and every frame of the request's
 stack resumed and suspended again. With a thousand slow streams that was about a tenth of a
 relayed chunk's CPU. `LoopTurns` tells the two apart with one callback per turn of the loop,
-shared by every relay on it, not one per relay.
+shared by every relay on it, not one per relay. The edge asks it too: a connection writes a
+stream's piece at once at most once a turn (gateway/server/edge_writing.py).
 """
 
 from __future__ import annotations
@@ -37,3 +38,14 @@ class LoopTurns:
     def turned(self) -> None:
         self.pending = False
         self.count += 1
+
+
+def turns_of(loop: asyncio.AbstractEventLoop) -> LoopTurns:
+    """The loop's `LoopTurns`, one for all who ask on it (one callback a turn between them)."""
+    global shared
+    if shared is None or shared.loop is not loop:
+        shared = LoopTurns(loop)
+    return shared
+
+
+shared: LoopTurns | None = None  # the serving loop's: a process serves on one

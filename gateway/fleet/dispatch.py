@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from gateway.core.canonical import ChatRequest, EventStream, Item, Usage
 from gateway.core.deadline import task_of
 from gateway.core.errors import GatewayError, GatewayTimeout, ServiceUnavailable
-from gateway.core.turns import LoopTurns
+from gateway.core.turns import turns_of
 from gateway.fleet.affinity import Prompt
 from gateway.fleet.attempt import NOT_RETRIED, RETRYABLE, Attempt, verdict_of
 from gateway.fleet.router import Replica, RoutedDeployment
@@ -134,13 +134,6 @@ class Dispatcher:
         self.metrics = metrics
         self.rng = rng
         self.tracing = tracing  # None: off
-        self.turns: LoopTurns | None = None  # the serving loop's (made on its first stream)
-
-    def turns_on(self, loop: asyncio.AbstractEventLoop) -> LoopTurns:
-        turns = self.turns
-        if turns is None or turns.loop is not loop:
-            turns = self.turns = LoopTurns(loop)
-        return turns
 
     async def events(
         self,
@@ -160,7 +153,7 @@ class Dispatcher:
         upstream, deadline = attempt.events, attempt.watchdog.deadline
         loop = deadline.loop
         clock = loop.time
-        turns = self.turns_on(loop)
+        turns = turns_of(loop)
         seen, turn_at = turns.ask(), clock() + TURN_SECONDS
         async with attempt:
             while item is not None:

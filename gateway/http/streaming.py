@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
@@ -23,9 +24,18 @@ from gateway.core.disconnect import ClientWatch, client_watch
 from gateway.core.errors import ClientGone
 from gateway.telemetry.record import RequestRecord
 
-# Writes one piece of a stream's body (never empty). What it returns, when not None, is awaited
-# before the next piece: the client is slow to take them.
-PieceWriter = Callable[[bytes], Awaitable[None] | None]
+
+class PieceWriter(Protocol):
+    """Writes one piece of a stream's body (never empty). What it returns, when not None, is
+    awaited before the next piece: the client is slow to take them.
+
+    `last`: the stream's end follows in the same turn of the loop (its done line, the body's
+    end), so the piece may wait for them and go out in one write; any other piece may go out
+    at once."""
+
+    def __call__(self, piece: bytes, last: bool = False, /) -> Awaitable[None] | None: ...
+
+
 # Writes a stream's pieces, once the head went out; the response writes the end.
 Body = Callable[[PieceWriter], Awaitable[None]]
 
@@ -42,7 +52,7 @@ def piece_writer(send: Send) -> PieceWriter:
     if offered is not None and (write := offered()) is not None:
         return write
 
-    def sent(data: bytes) -> Awaitable[None]:
+    def sent(data: bytes, last: bool = False) -> Awaitable[None]:
         return send({"type": "http.response.body", "body": data, "more_body": True})
 
     return sent

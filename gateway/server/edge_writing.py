@@ -18,6 +18,7 @@ from uvicorn._types import ASGISendEvent
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 from gateway.config.settings import ClientLimits
+from gateway.core.turns import turns_of
 
 
 def limit_unsent(sock: socket.socket, limits: ClientLimits) -> None:
@@ -49,7 +50,7 @@ class CoalescingTransport:
     them. Everything else is the wrapped transport's. A system call costs several microseconds
     here: an answer's head and body in one write saved about a tenth of a small request."""
 
-    __slots__ = ("closed_with_data", "held", "loop", "transport")
+    __slots__ = ("closed_with_data", "held", "loop", "through_at", "transport", "turns")
 
     def __init__(
         self,
@@ -61,11 +62,28 @@ class CoalescingTransport:
         self.loop = loop
         self.held: list[bytes] = []
         self.closed_with_data = closed_with_data  # the client has yet to take what is written
+        self.turns = turns_of(loop)
+        self.through_at = -1  # the turn of the last write at once (`write_through`)
 
     def write(self, data: bytes) -> None:
         if not self.held:
             self.loop.call_soon(self.flush)
         self.held.append(data)
+
+    def write_through(self, data: bytes) -> None:
+        """Written now if it is the turn's first, else held as `write` holds it: a stream's
+        piece at a model's pace comes alone in its turn, and holding it cost a callback and its
+        call for the same one system call. In a burst the rest of the turn's pieces are joined
+        after the first, one system call more than holding them all. The turn is the loop's
+        shared count (gateway/core/turns.py): no callback of its own."""
+        turns = self.turns
+        if self.held or turns.count == self.through_at or self.transport.is_closing():
+            self.write(data)
+        else:
+            if not turns.pending:  # asked, else asked already (a call less on a chunk's path)
+                turns.ask()
+            self.through_at = turns.count
+            self.transport.write(data)
 
     def flush(self) -> None:
         if self.held:
@@ -98,7 +116,7 @@ class CoalescingTransport:
 class PieceWritingCycle(RequestResponseCycle):
     """An HTTP/1.1 request's answer, which offers a stream a writer of its pieces of its own."""
 
-    def piece_writer(self) -> Callable[[bytes], Awaitable[None] | None] | None:
+    def piece_writer(self) -> Callable[[bytes, bool], Awaitable[None] | None] | None:
         """Once a chunked answer's head went out: its pieces written straight to the connection,
         each a chunk, as uvicorn's `send` writes an `http.response.body` with `more_body`, with
         no message or coroutine a piece (gateway/http/streaming.py). None for any other answer
@@ -106,7 +124,10 @@ class PieceWritingCycle(RequestResponseCycle):
 
         As `send` does, it writes nothing once the client has gone, and has the writer wait
         (the flow's drain) while the connection holds more than its limit: `send` waits before
-        a piece, this after one, so either way nothing more is made until the client takes some."""
+        a piece, this after one, so either way nothing more is made until the client takes some.
+
+        A piece goes out at once when the turn holds nothing else to write (`write_through`);
+        one with the stream's end to follow (`last`) waits for it, to go out in the same write."""
         if (
             not (self.response_started and self.chunked_encoding)
             or self.response_complete
@@ -114,11 +135,12 @@ class PieceWritingCycle(RequestResponseCycle):
         ):
             return None
         transport, flow = self.transport, self.flow
+        through = transport.write_through if isinstance(transport, CoalescingTransport) else transport.write
 
-        def write(data: bytes) -> Awaitable[None] | None:
+        def write(data: bytes, last: bool = False) -> Awaitable[None] | None:
             if self.disconnected or not data:  # an empty chunk would end the body
                 return None
-            transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+            (transport.write if last else through)(b"%x\r\n%b\r\n" % (len(data), data))
             return flow.drain() if flow.write_paused else None
 
         return write

@@ -34,7 +34,7 @@ from azure.ai.inference import ChatCompletionsClient
 from azure.core.credentials import AzureKeyCredential
 
 from backends.openai_compatible import OpenAICompatibleBackend, StreamState, finish_reason, matched_stop
-from gateway.core.canonical import ChatRequest, Finish, ToolCallDelta
+from gateway.core.canonical import ChatRequest, Finish, ToolCallDelta, Usage
 from gateway.core.errors import BadGateway
 from tests.support.loopback_server import LoopbackServer
 from tests.support.readers import reader, registered
@@ -1027,16 +1027,20 @@ def burst_items(stub: StubUpstream, behaviour: str) -> tuple[list[Any], BaseExce
 def test_what_one_read_brings_goes_on_as_one_item(stub: StubUpstream) -> None:
     """A stream the upstream sent at once is read at once, and its events pass on as one item, in
     order: one pass of the relay for all of them (a fifth of a streamed request's instructions in
-    front of nginx), not one pass each. The client still gets each event as its own chunk."""
+    front of nginx), not one pass each. The client still gets each event as its own chunk.
+
+    The read brought the stream's end too ([DONE]), so the item ends with the usage: the relay
+    writes the last text and the end in one write."""
     items, raised = burst_items(stub, "burst")
     assert raised is None
-    assert len(items) == 2, items  # what the read brought, then the stream's end
+    assert len(items) == 1, items  # what the read brought, the stream's end with it
     said = list(items[0])
     texts = [event.text for event in said if hasattr(event, "text")]
     assert texts == ["Hel", "lo"]
     calls = [(e.id, e.name, e.arguments) for e in said if isinstance(e, ToolCallDelta)]
     assert calls == [("call_a", "lookup", '{"q": "x"}'), ("call_b", "other", "{}")]  # joined, in order
-    assert said[-1] == Finish(0, "tool_calls", None)
+    assert said[-2] == Finish(0, "tool_calls", None)
+    assert isinstance(said[-1], Usage) and said[-1].completion_tokens > 0  # estimated: none was sent
 
 
 def test_what_came_before_a_failure_in_the_same_read_still_goes_on(stub: StubUpstream) -> None:

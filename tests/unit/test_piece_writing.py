@@ -8,19 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 import orjson
 import pytest
-from asgi_lifespan import LifespanManager
-from uvicorn.protocols.http.flow_control import FlowControl
 
-from gateway.app import create_app
 from gateway.config.settings import Settings
 from gateway.http.streaming import piece_writer
 from gateway.server.edge_writing import PieceWritingCycle
+from tests.support.edge_cycle import CountedCycle, Written, cycle, dechunked, served
 
 
 def in_a_loop(test: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
@@ -32,57 +29,6 @@ def in_a_loop(test: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., N
 
 
 PIECES = [b"data: {}\n\n", b"x" * 70_000, b"\n", b"event: error\ndata: {}\n\n"]
-
-
-class Written:
-    """A transport that keeps what is written to it."""
-
-    def __init__(self) -> None:
-        self.data = bytearray()
-
-    def write(self, data: bytes) -> None:
-        self.data += data
-
-    def is_closing(self) -> bool:
-        return False
-
-    def close(self) -> None:
-        pass
-
-
-class CountedCycle(PieceWritingCycle):
-    """Counts the messages that go through `send`, and the writers it offers."""
-
-    sent: list[str]
-    offered = 0
-
-    async def send(self, message: Any) -> None:
-        self.sent.append(message["type"])
-        await super().send(message)
-
-    def piece_writer(self) -> Any:
-        write = super().piece_writer()
-        self.offered += write is not None
-        return write
-
-
-def cycle(method: str = "POST", scope: dict[str, Any] | None = None) -> tuple[CountedCycle, Written]:
-    transport = Written()
-    made = CountedCycle(
-        scope=scope or {"type": "http", "method": method, "http_version": "1.1", "path": "/"},
-        transport=transport,
-        flow=FlowControl(transport),
-        logger=logging.getLogger("test"),
-        access_logger=logging.getLogger("test.access"),
-        access_log=False,
-        default_headers=[],
-        message_event=asyncio.Event(),
-        expect_100_continue=False,
-        keep_alive=True,
-        on_response=lambda: None,
-    )
-    made.sent = []
-    return made, transport
 
 
 async def started(made: PieceWritingCycle, headers: list[tuple[bytes, bytes]] | None = None) -> None:
@@ -184,22 +130,74 @@ async def test_behind_the_edge_the_cycles_writer_is_used_and_send_is_not():
         await fallback(b"data: {}\n\n")
 
 
-def dechunked(body: bytes) -> bytes:
-    pieces = []
-    while True:
-        size, _, body = body.partition(b"\r\n")
-        if int(size, 16) == 0:
-            assert body == b"\r\n", "the last chunk ends the body"
-            return b"".join(pieces)
-        pieces.append(body[: int(size, 16)])
-        assert body[int(size, 16) : int(size, 16) + 2] == b"\r\n"
-        body = body[int(size, 16) + 2 :]
+def framed(piece: bytes) -> bytes:
+    return b"%x\r\n%b\r\n" % (len(piece), piece)
 
 
 @in_a_loop
-async def test_the_apps_stream_behind_the_edge_sends_only_its_head_and_its_end():
+async def test_behind_the_edge_a_turns_first_piece_goes_out_at_once_and_the_rest_together():
+    """At a model's pace each piece comes alone in its turn: it is written at once, not held
+    for the turn's end (a callback and its call for the same one system call). A burst's later
+    pieces in the same turn are joined into one write; the next turn's first goes at once again."""
+    made, written = cycle(coalescing=True)
+    await started(made)
+    await asyncio.sleep(0)  # the head goes out at the turn's end, as the edge writes it
+    assert len(written.writes) == 1
+    write = made.piece_writer()
+    assert write is not None
+    assert write(b"one") is None
+    assert written.writes[1:] == [framed(b"one")]  # at once, before the loop ran
+    write(b"two")
+    write(b"three")
+    assert len(written.writes) == 2  # held: the turn has written at once already
+    await asyncio.sleep(0)
+    assert written.writes[2:] == [framed(b"two") + framed(b"three")]
+    await asyncio.sleep(0)  # a turn passes between two pieces at a model's pace
+    write(b"four")
+    assert written.writes[3:] == [framed(b"four")]
+
+
+@in_a_loop
+async def test_behind_the_edge_a_piece_never_goes_before_what_is_held():
+    made, written = cycle(coalescing=True)
+    await started(made)  # the head, held until the turn's end
+    write = made.piece_writer()
+    assert write is not None
+    write(b"first")
+    assert len(written.writes) == 0
+    await asyncio.sleep(0)
+    assert len(written.writes) == 1 and written.writes[0].endswith(framed(b"first"))
+    written.closing = True  # the connection is closing: nothing is written at once, nor later
+    write(b"late")
+    await asyncio.sleep(0)
+    assert len(written.writes) == 1
+
+
+@in_a_loop
+async def test_behind_the_edge_a_streams_last_piece_goes_out_with_its_end():
+    """The piece that ends the answer (`last`) waits for the stream's end (its done line, the
+    body's last chunk), written in the same turn: one write, not two."""
+    made, written = cycle(coalescing=True)
+    await started(made)
+    await asyncio.sleep(0)
+    write = made.piece_writer()
+    assert write is not None
+    await asyncio.sleep(0)
+    write(b"the end", True)
+    write(b"[DONE]", True)
+    await made.send({"type": "http.response.body", "body": b"", "more_body": False})
+    assert len(written.writes) == 1
+    await asyncio.sleep(0)
+    assert written.writes[1:] == [framed(b"the end") + framed(b"[DONE]") + b"0\r\n\r\n"]
+
+
+@pytest.mark.parametrize("coalescing", [False, True])
+@in_a_loop
+async def test_the_apps_stream_behind_the_edge_sends_only_its_head_and_its_end(coalescing: bool):
     """The whole app, as the edge serves it: a streamed answer's pieces all go through the
-    cycle's writer, none through `send` (no wrapper of `send` hides the cycle from the stream)."""
+    cycle's writer, none through `send` (no wrapper of `send` hides the cycle from the stream).
+    On the edge's transport the answer's last piece (its finish and usage) goes out in one
+    write with the done line and the body's end."""
     settings = Settings.model_validate(
         {"deployments": [{"name": "echo", "backend": "echo", "models": ["*"]}]}
     )
@@ -210,32 +208,7 @@ async def test_the_apps_stream_behind_the_edge_sends_only_its_head_and_its_end()
             "messages": [{"role": "user", "content": "one two three four five"}],
         }
     )
-    async with LifespanManager(create_app(settings)) as started:
-        scope = {
-            "type": "http",
-            "asgi": {"version": "3.0", "spec_version": "2.3"},
-            "http_version": "1.1",
-            "method": "POST",
-            "scheme": "http",
-            "path": "/v1/chat/completions",
-            "raw_path": b"/v1/chat/completions",
-            "query_string": b"",
-            "root_path": "",
-            "headers": [(b"host", b"gateway"), (b"content-type", b"application/json")],
-            "client": ("127.0.0.1", 50000),
-            "server": ("127.0.0.1", 8080),
-            "state": {},
-        }
-        made, written = cycle(scope=scope)
-        requests = [{"type": "http.request", "body": body, "more_body": False}]
-
-        async def receive() -> dict[str, Any]:
-            if requests:
-                return requests.pop()
-            await asyncio.Event().wait()  # the client stays until the answer ends
-            raise AssertionError("unreachable")
-
-        await started.app(scope, receive, made.send)
+    made, written = await served(settings, "/v1/chat/completions", body, coalescing)
     assert made.sent == ["http.response.start", "http.response.body"]  # the head, then the end
     assert made.offered == 1
     head, _, chunked = bytes(written.data).partition(b"\r\n\r\n")
@@ -247,3 +220,7 @@ async def test_the_apps_stream_behind_the_edge_sends_only_its_head_and_its_end()
         for event in events[:-2]
     )
     assert "one two three four five" in text
+    if coalescing:
+        last = written.writes[-1]
+        assert b'"finish_reason":"stop"' in last and last.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n")
+        assert len(written.writes) < len(events) - 2  # not a write a chunk: echo's come at once
