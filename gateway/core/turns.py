@@ -41,11 +41,14 @@ class LoopTurns:
 
 
 def turns_of(loop: asyncio.AbstractEventLoop) -> LoopTurns:
-    """The loop's `LoopTurns`, one for all who ask on it (one callback a turn between them)."""
+    """The loop's `LoopTurns`, one for all who ask on it (one callback a turn between them).
+    A process serves on one loop; where loops in two threads ask in turn (tests), each gets one
+    of its own loop's, only not always the same one."""
     global shared
-    if shared is None or shared.loop is not loop:
-        shared = LoopTurns(loop)
-    return shared
+    turns = shared  # read once: another thread may change `shared` between two reads
+    if turns is None or turns.loop is not loop:
+        turns = shared = LoopTurns(loop)
+    return turns
 
 
-shared: LoopTurns | None = None  # the serving loop's: a process serves on one
+shared: LoopTurns | None = None  # the serving loop's

@@ -13,7 +13,7 @@ import pytest
 
 from gateway.config.settings import Settings
 from gateway.core.canonical import ChatRequest, Finish, Item, TextDelta, Usage
-from gateway.core.turns import LoopTurns
+from gateway.core.turns import LoopTurns, turns_of
 from gateway.fleet import dispatch
 from gateway.runtime import Runtime
 from gateway.telemetry.record import RequestRecord
@@ -111,3 +111,14 @@ def test_a_relay_that_never_waits_gives_the_loop_turns(monkeypatch: pytest.Monke
     assert count == EVENTS + 1
     assert given >= 3  # 40 ms without a wait: a turn at least every 10 ms
     assert longest < 2 * dispatch.TURN_SECONDS + 0.004
+
+
+def test_every_asker_on_a_loop_shares_its_turns_and_another_loop_gets_its_own():
+    async def asked() -> tuple[LoopTurns, LoopTurns]:
+        loop = asyncio.get_running_loop()
+        return turns_of(loop), turns_of(loop)
+
+    first, again = asyncio.run(asked())
+    assert first is again  # one callback a turn for the dispatcher and the edge together
+    other, _ = asyncio.run(asked())
+    assert other is not first and other.loop is not first.loop
