@@ -19,6 +19,7 @@ from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 from gateway.config.settings import ClientLimits
 from gateway.core.turns import turns_of
+from gateway.http.streaming import PieceWriter
 
 
 def limit_unsent(sock: socket.socket, limits: ClientLimits) -> None:
@@ -116,7 +117,7 @@ class CoalescingTransport:
 class PieceWritingCycle(RequestResponseCycle):
     """An HTTP/1.1 request's answer, which offers a stream a writer of its pieces of its own."""
 
-    def piece_writer(self) -> Callable[[bytes, bool], Awaitable[None] | None] | None:
+    def piece_writer(self) -> PieceWriter | None:
         """Once a chunked answer's head went out: its pieces written straight to the connection,
         each a chunk, as uvicorn's `send` writes an `http.response.body` with `more_body`, with
         no message or coroutine a piece (gateway/http/streaming.py). None for any other answer
