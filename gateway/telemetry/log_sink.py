@@ -1,7 +1,9 @@
 """Log lines written by a thread of their own, so a reader that stalls never stalls the gateway.
 
-A line is queued (no waiting: well under a microsecond); the writer thread takes whatever is
-queued every 20 ms and writes it in one go. When the reader of stdout or stderr stops reading, the writer
+A line is queued (no waiting: well under a microsecond); the writer thread wakes with the first
+line after it has been idle, lets the lines of the next 20 ms gather, and writes them in one go.
+An idle gateway's writer sleeps until there is a line. When the reader of stdout or stderr stops
+reading, the writer
 blocks, the queue fills, and further lines are dropped and counted
 (`chatgate_log_lines_dropped_total`) while requests keep flowing. The gateway's own log records
 (`logging`) go through the same kind of queue (`DroppingQueueHandler`).
@@ -19,7 +21,7 @@ from collections.abc import Callable
 from typing import TextIO
 
 CAPACITY = 10_000  # lines held while the reader is away
-WRITE_EVERY = 0.02  # seconds the writer sleeps when there is nothing to write
+GATHER = 0.02  # seconds the writer lets lines gather once one has woken it
 
 
 def no_count() -> None:
@@ -32,10 +34,13 @@ class LineSink:
     ) -> None:
         self.stream = stream
         self.on_drop = on_drop
-        # a deque's append is atomic and wakes no one: the writer looks every WRITE_EVERY
-        # seconds (a queue that woke the writer per line cost about 9 µs a request)
+        # a deque's append is atomic and wakes no one; only a line that finds the writer idle
+        # wakes it, so a busy gateway wakes it at most once every GATHER seconds (a queue that
+        # woke the writer per line cost about 9 µs a request)
         self.lines: collections.deque[str] = collections.deque()
         self.capacity = capacity
+        self.idle = False  # the writer waits for `wake` (or is about to)
+        self.wake = threading.Event()
         self.thread = threading.Thread(target=self.drain, name="log-writer", daemon=True)
         self.thread.start()
 
@@ -44,12 +49,22 @@ class LineSink:
             self.on_drop()
             return
         self.lines.append(line)
+        if self.idle:
+            self.idle = False
+            self.wake.set()
 
     def drain(self) -> None:
         lines = self.lines
         while True:
             if not lines:
-                time.sleep(WRITE_EVERY)
+                # idle first, then look again: a line appended in between either is seen here or
+                # finds `idle` set and wakes the wait below
+                self.idle = True
+                if not lines:
+                    self.wake.wait()
+                self.idle = False
+                self.wake.clear()
+                time.sleep(GATHER)
                 continue
             batch = [lines.popleft() for _ in range(min(len(lines), 1000))]
             try:
