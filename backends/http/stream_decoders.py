@@ -52,7 +52,9 @@ class LineBuffer:
         if self.cr_held:
             piece = b"\r" + piece
             self.cr_held = False
-        if b"\r" in piece:
+        # find, not `in`: a bytes `in` first tries its operand as an integer, and makes and drops
+        # a TypeError for every piece and event (about twice find's time, twice a chunk)
+        if piece.find(b"\r") >= 0:
             if piece.endswith(b"\r"):
                 piece = piece[:-1]
                 self.cr_held = True
@@ -112,7 +114,7 @@ class SSEDecoder:
                 return
             if not event:
                 continue
-            if event.startswith(b"data:") and b"\n" not in event:  # the usual one-line event
+            if event.startswith(b"data:") and event.find(b"\n") < 0:  # the usual one-line event
                 value = event[6:] if event[5:6] == b" " else event[5:]
             else:
                 lines = [line for line in event.split(b"\n") if line.startswith(b"data:")]
