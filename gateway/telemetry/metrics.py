@@ -48,9 +48,12 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2
 Labels = tuple[str, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class Family:
-    """A metric as /metrics shows it: its name, what it counts, its labels."""
+    """A metric as /metrics shows it: its name, what it counts, its labels.
+
+    Each is one of the constants below, so it is its own identity: equal and hashed as an object
+    (in C), not field by field (a generated `__hash__`, asked several times a request)."""
 
     name: str
     documentation: str
