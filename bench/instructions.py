@@ -20,7 +20,8 @@ Needs valgrind (callgrind_control comes with it), and nginx for `--upstream`.
 `--paced 20` streams from bench/slow_upstream.py instead of nginx, a chunk every 20 ms: each chunk
 is then a read, a wakeup and a write of its own, as at a model's pace, where nginx's 64 chunks
 arrive together and are relayed in a few reads. Each request then takes 64 gaps: ask for a few
-(`--requests 6 --warmup 2`).
+(`--requests 6 --warmup 2`). With `--floor` the floor relays the same paced stream: what a chunk
+costs a Python pass-through at that pace.
 """
 
 from __future__ import annotations
@@ -161,7 +162,8 @@ def measure(args: argparse.Namespace, tmp: Path) -> dict[str, list[float]]:
                 "--no-access-log", "--log-level", "warning",
             ]  # fmt: skip
             env = {**os.environ, "BENCH_UPSTREAM": upstream}
-            url = STREAM_PATH if args.stream else dialect.path  # the floor keeps nginx's paths
+            # the floor keeps nginx's paths (the paced upstream streams to any POST)
+            url = STREAM_PATH if args.stream else dialect.path
             found["floor"] = counted("floor", command, port, url, body, headers, args, tmp, env)
         return found
     finally:
@@ -207,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--floor",
         action="store_true",
-        help="also count the Python floor, bench/floor.py (with --upstream, chat)",
+        help="also count the Python floor, bench/floor.py (with --upstream or --paced, chat)",
     )
     parser.add_argument(
         "--paced",
@@ -217,8 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.paced is not None:
-        if args.paced < 1 or args.floor or args.turns:
-            parser.error("--paced is a gap of at least 1 ms, without --floor or --turns")
+        if args.paced < 1 or args.turns:
+            parser.error("--paced is a gap of at least 1 ms, without --turns")
         args.upstream = args.stream = True
     if args.requests < 1 or args.rounds < 1 or args.warmup < 0:
         parser.error("--requests and --rounds must be at least 1, --warmup at least 0")
