@@ -11,7 +11,7 @@ import fcntl
 import socket
 import struct
 import termios
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from uvicorn._types import ASGISendEvent
@@ -48,8 +48,10 @@ class CoalescingTransport:
     """A transport whose writes within one turn of the event loop are joined into one.
 
     Writes are held until the turn ends (`call_soon`); closing flushes first, aborting drops
-    them. Everything else is the wrapped transport's. A system call costs several microseconds
-    here: an answer's head and body in one write saved about a tenth of a small request."""
+    them. Everything else is the wrapped transport's, passed on method by method: a class with
+    `__getattr__` has every attribute of its own looked up the slow way (no specialised lookup),
+    six times a relayed chunk. A system call costs several microseconds here: an answer's head
+    and body in one write saved about a tenth of a small request."""
 
     __slots__ = ("closed_with_data", "held", "loop", "through_at", "transport", "turns")
 
@@ -107,11 +109,43 @@ class CoalescingTransport:
         self.flush()
         self.transport.write_eof()
 
+    def writelines(self, pieces: Iterable[bytes]) -> None:
+        self.write(b"".join(pieces))
+
     def get_write_buffer_size(self) -> int:
         return self.transport.get_write_buffer_size() + sum(map(len, self.held))
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.transport, name)
+    # ----- the rest of asyncio.Transport, the wrapped transport's ----------------------------
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self.transport.get_extra_info(name, default)
+
+    def is_closing(self) -> bool:
+        return self.transport.is_closing()
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        self.transport.set_protocol(protocol)
+
+    def get_protocol(self) -> asyncio.BaseProtocol:
+        return self.transport.get_protocol()
+
+    def is_reading(self) -> bool:
+        return self.transport.is_reading()
+
+    def pause_reading(self) -> None:
+        self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        self.transport.resume_reading()
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        self.transport.set_write_buffer_limits(high, low)
+
+    def get_write_buffer_limits(self) -> tuple[int, int]:
+        return self.transport.get_write_buffer_limits()
+
+    def can_write_eof(self) -> bool:
+        return self.transport.can_write_eof()
 
 
 class PieceWritingCycle(RequestResponseCycle):

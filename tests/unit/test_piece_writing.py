@@ -10,13 +10,14 @@ import asyncio
 import functools
 from collections.abc import Callable, Coroutine
 from typing import Any
+from unittest import mock
 
 import orjson
 import pytest
 
 from gateway.config.settings import Settings
 from gateway.http.streaming import piece_writer
-from gateway.server.edge_writing import PieceWritingCycle
+from gateway.server.edge_writing import CoalescingTransport, PieceWritingCycle
 from tests.support.edge_cycle import CountedCycle, Written, cycle, dechunked, served
 
 
@@ -224,3 +225,51 @@ async def test_the_apps_stream_behind_the_edge_sends_only_its_head_and_its_end(c
         last = written.writes[-1]
         assert b'"finish_reason":"stop"' in last and last.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n")
         assert len(written.writes) < len(events) - 2  # not a write a chunk: echo's come at once
+
+
+PASSED_ON = {
+    # asyncio.Transport's methods that the edge's transport hands to the one it wraps, as is
+    "get_extra_info": ("peername", "unknown"),
+    "is_closing": (),
+    "set_protocol": ("protocol",),
+    "get_protocol": (),
+    "is_reading": (),
+    "pause_reading": (),
+    "resume_reading": (),
+    "set_write_buffer_limits": (100, 10),
+    "get_write_buffer_limits": (),
+    "can_write_eof": (),
+}
+
+
+def test_the_edges_transport_offers_all_of_asyncios_transport():
+    """The transport behind the edge has no `__getattr__` (which made each attribute lookup of
+    its own a slow one): every public method of asyncio.Transport is one of its own."""
+    public = {name for name in dir(asyncio.Transport) if not name.startswith("_")}
+    assert public <= set(dir(CoalescingTransport))
+    assert "__getattr__" not in vars(CoalescingTransport)
+    assert public - set(PASSED_ON) == {
+        "write", "writelines", "write_eof", "close", "abort", "get_write_buffer_size"
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(PASSED_ON))
+@in_a_loop
+async def test_the_edges_transport_passes_the_rest_on(name: str):
+    wrapped = mock.Mock()
+    transport = CoalescingTransport(wrapped, asyncio.get_running_loop(), lambda: None)
+    answer = getattr(transport, name)(*PASSED_ON[name])
+    getattr(wrapped, name).assert_called_once_with(*PASSED_ON[name])
+    if name.startswith(("get_", "is_", "can_")):
+        assert answer is getattr(wrapped, name).return_value
+
+
+@in_a_loop
+async def test_the_edges_transport_joins_writelines_with_what_is_held():
+    made, written = cycle(coalescing=True)
+    transport = made.transport
+    transport.write(b"head ")
+    transport.writelines([b"one ", b"two"])
+    assert written.writes == []  # held until the turn ends
+    await asyncio.sleep(0)
+    assert written.writes == [b"head one two"]
