@@ -56,7 +56,11 @@ def test_a_run_counts_each_round_and_the_rounds_agree() -> None:
 
 @pytest.mark.parametrize(
     "asked",
-    [["--paced", "0"], ["--paced", "20", "--floor", "--dialect", "messages"], ["--paced", "20", "--turns", "5"]],
+    [
+        ["--paced", "0"],
+        ["--paced", "20", "--floor", "--dialect", "messages"],
+        ["--paced", "20", "--turns", "5"],
+    ],
 )
 def test_a_paced_run_asks_for_a_gap_and_nothing_it_cannot_pace(asked: list[str]) -> None:
     with pytest.raises(SystemExit) as refused:
