@@ -436,13 +436,17 @@ class OpenAICompatibleBackend:
                         if brought:  # what came before the failure goes on first
                             yield brought
                         raise
+                    if decoder.done:
+                        # the body's end read (so that the connection can be reused) before the
+                        # answer's end goes on: the client's done line follows this generator's
+                        # end, and the two then leave in one write however the upstream's last
+                        # bytes arrive
+                        await drained(read)
                     if brought:
                         until.when = deadline
                         yield brought
                     if not piece:
                         break
-                if decoder.done:  # read the stream's end so the connection can be reused
-                    await drained(read)
                 return
             yield self.completion_events(parse_json(raw), request, asked)
         except (UpstreamError, TimeoutError) as exc:

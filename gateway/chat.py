@@ -212,16 +212,18 @@ class ChatPipeline:
             if held:
                 # what came up to the first token goes out in one write (a choice's role chunk
                 # and its first text arrive together)
+                last = ends(held[-1])  # the whole answer came at once
                 if data := b"".join(self.rendered(answer, item, state) for item in held):
                     room -= len(data)
-                    last = ends(held[-1])
                     if last and hook is not None:
                         await hook.streamed(call, answer, state)  # kept before the client reads the end
                     await written(write, data, last)
-                # a turn of the loop, so that the first chunk leaves now: the edge joins what
-                # one turn writes, and a burst the upstream sent at once (all read in this
-                # turn) would otherwise hold it back until the burst was rendered
-                await asyncio.sleep(0)
+                if not last:
+                    # a turn of the loop, so that the first chunk leaves now: the edge joins
+                    # what one turn writes, and a burst the upstream sent at once (all read in
+                    # this turn) would otherwise hold it back until the burst was rendered; an
+                    # answer that came whole goes out with its end instead
+                    await asyncio.sleep(0)
                 rendered = self.rendered
                 async for item in events:
                     if data := rendered(answer, item, state):

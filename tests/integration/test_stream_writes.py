@@ -16,7 +16,8 @@ from tests.support.edge_cycle import dechunked, served
 from tests.support.fault_upstream import FaultUpstream
 
 
-def test_at_a_models_pace_each_chunk_is_a_write_and_the_end_is_one():
+def relayed(behaviour: str) -> list[bytes]:
+    """The writes of a streamed chat completion relayed from the fault upstream's `behaviour`."""
     with FaultUpstream() as upstream:
         settings = Settings.model_validate(
             {
@@ -25,7 +26,7 @@ def test_at_a_models_pace_each_chunk_is_a_write_and_the_end_is_one():
                         "name": "paced",
                         "backend": "openai-compatible",
                         "models": ["*"],
-                        "options": {"base_url": upstream.base_url("drip-20")},
+                        "options": {"base_url": upstream.base_url(behaviour)},
                     }
                 ]
             }
@@ -39,19 +40,39 @@ def test_at_a_models_pace_each_chunk_is_a_write_and_the_end_is_one():
             }
         )
         _, written = asyncio.run(served(settings, "/v1/chat/completions", body))
-    head, _, first = written.writes[0].partition(b"\r\n\r\n")
+    return written.writes
+
+
+def the_end_is_one_write(writes: list[bytes]) -> None:
+    """The last write holds the usage, the done line and the body's end (and the head, when the
+    whole answer came at once)."""
+    last = writes[-1].partition(b"\r\n\r\n")[2] if writes[-1].startswith(b"HTTP/1.1") else writes[-1]
+    end = dechunked(last).split(b"\n\n")
+    assert end[-2:] == [b"data: [DONE]", b""], writes
+    assert orjson.loads(end[-3].removeprefix(b"data: "))["usage"]["total_tokens"] == 5
+
+
+def test_at_a_models_pace_each_chunk_is_a_write_and_the_end_is_one():
+    writes = relayed("drip-20")
+    head, _, first = writes[0].partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200")
-    events = [dechunked(write + b"0\r\n\r\n").split(b"\n\n")[:-1] for write in [first, *written.writes[1:-1]]]
+    events = [dechunked(write + b"0\r\n\r\n").split(b"\n\n")[:-1] for write in [first, *writes[1:-1]]]
     # the head and the first chunk (the role's and the first text's) in one write; then a
     # write a chunk
-    assert [len(chunks) for chunks in events] == [2, 1, 1], written.writes
+    assert [len(chunks) for chunks in events] == [2, 1, 1], writes
     said = [
         [orjson.loads(chunk.removeprefix(b"data: "))["choices"][0] for chunk in chunks] for chunks in events
     ]
     assert said[0][0]["delta"]["role"] == "assistant"
     assert [said[0][1]["delta"]["content"], said[1][0]["delta"]["content"]] == ["fine", " answer"]
     assert said[2][0]["finish_reason"] == "stop"
-    # the usage, the done line and the body's end: one write
-    end = dechunked(written.writes[-1]).split(b"\n\n")
-    assert end[-2:] == [b"data: [DONE]", b""]
-    assert [orjson.loads(chunk.removeprefix(b"data: "))["usage"]["total_tokens"] for chunk in end[:-2]] == [5]
+    the_end_is_one_write(writes)
+
+
+def test_the_end_is_one_write_when_the_upstreams_last_bytes_come_late():
+    """The upstream's body ends 50 ms after its done line: the gateway reads that end (to reuse
+    the connection) before passing the answer's end on, so the client's usage, done line and
+    body's end still leave together, in the write after the stream's text."""
+    writes = relayed("late-end")
+    the_end_is_one_write(writes)
+    assert b"[DONE]" not in b"".join(writes[:-1])

@@ -5,7 +5,8 @@ A raw asyncio HTTP/1.1 server in a thread. The first path segment picks the beha
 `stall-mid` (one chunk, then silence), `malformed`, `flaky` (500 once, then ok),
 `busy` (429 with Retry-After: 1), `fail…` (500; `POST /control/heal/<name>` makes it ok),
 `role-then-reset` (a stream whose first chunk holds only the role, then the socket dropped),
-`drip-<ms>` (a stream whose every chunk comes <ms> after the one before).
+`drip-<ms>` (a stream whose every chunk comes <ms> after the one before), `late-end` (a stream
+sent at once but for the body's last chunk, which comes 50 ms after the `[DONE]` line).
 It counts requests per behaviour, keeps the traceparent each request came with, and knows how
 many connections are open.
 """
@@ -150,6 +151,8 @@ class FaultUpstream(LoopbackServer):
                 if pause:
                     await asyncio.sleep(pause)
                 await send_chunk(writer, piece)
+            if behaviour == "late-end":
+                await asyncio.sleep(0.05)
             writer.write(b"0\r\n\r\n")
             await writer.drain()
         else:
