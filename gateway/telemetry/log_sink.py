@@ -3,8 +3,7 @@
 A line is queued (no waiting: well under a microsecond); the writer thread wakes with the first
 line after it has been idle, lets the lines of the next 20 ms gather, and writes them in one go.
 An idle gateway's writer sleeps until there is a line. When the reader of stdout or stderr stops
-reading, the writer
-blocks, the queue fills, and further lines are dropped and counted
+reading, the writer blocks, the queue fills, and further lines are dropped and counted
 (`chatgate_log_lines_dropped_total`) while requests keep flowing. The gateway's own log records
 (`logging`) go through the same kind of queue (`DroppingQueueHandler`).
 """
