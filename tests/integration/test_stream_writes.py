@@ -72,7 +72,8 @@ def test_at_a_models_pace_each_chunk_is_a_write_and_the_end_is_one():
 def test_the_end_is_one_write_when_the_upstreams_last_bytes_come_late():
     """The upstream's body ends 50 ms after its done line: the gateway reads that end (to reuse
     the connection) before passing the answer's end on, so the client's usage, done line and
-    body's end still leave together, in the write after the stream's text."""
+    body's end still leave together, in the last write (with the rest, when the whole answer was
+    read at once)."""
     writes = relayed("late-end")
     the_end_is_one_write(writes)
     assert b"[DONE]" not in b"".join(writes[:-1])

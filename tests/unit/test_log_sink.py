@@ -46,7 +46,7 @@ def test_each_line_arrives_in_order_however_it_meets_the_writer():
     a wake-up lost between its last look and its wait would leave a line unwritten."""
     stream = Collected()
     sink = LineSink(stream)
-    lines = [f"line {n}\n" for n in range(150)]
+    lines = [f"line {n}\n" for n in range(60)]
     for n, line in enumerate(lines):
         if n % 3:
             time.sleep(GATHER * (n % 7) / 5)  # now idle, now gathering, now writing
