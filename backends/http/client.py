@@ -22,6 +22,7 @@ What this module adds to aiohttp:
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import ssl
 from collections.abc import Mapping
@@ -33,6 +34,7 @@ from yarl import URL
 
 from backends.http.resolver import UpstreamResolver
 from gateway.core.memory import release_free_memory
+from gateway.core.turns import LoopTurns, turns_of
 
 # Once an answer this large is let go of, the heap's free pages go back to the system.
 RELEASE_AFTER_BYTES = 4 * 1024 * 1024
@@ -76,7 +78,7 @@ class UpstreamResponse:
     body was read to its end, and is closed otherwise (the upstream sees the request abandoned).
     """
 
-    __slots__ = ("client", "headers", "limit", "received", "response", "status")
+    __slots__ = ("client", "headers", "limit", "received", "response", "status", "turns")
 
     def __init__(self, response: aiohttp.ClientResponse, limit: int, client: UpstreamClient) -> None:
         self.client: UpstreamClient | None = client
@@ -85,6 +87,7 @@ class UpstreamResponse:
         self.headers: Mapping[str, str] = response.headers  # case-insensitive
         self.limit = limit
         self.received = 0
+        self.turns = client.turns or turns_of(asyncio.get_running_loop())
 
     @property
     def media_type(self) -> str:
@@ -114,11 +117,17 @@ class UpstreamResponse:
             raise answer_error(error) from None
 
     async def read_some(self) -> bytes:
-        """What has arrived of the body (waiting for some); b"" once it has all been read."""
+        """What has arrived of the body (waiting for some); b"" once it has all been read. A read
+        that waited says so to the loop's turn count: the loop has turned since (a relay at a
+        model's pace then needs no callback to learn it, gateway/core/turns.py)."""
+        content = self.response.content
+        unread = content.total_bytes != self.received  # else the read waits for more, if any
         try:
-            piece = await self.response.content.readany()
+            piece = await content.readany()
         except aiohttp.ClientError as error:
             raise answer_error(error) from None
+        if piece and not unread:
+            self.turns.waited()
         self.received += len(piece)
         if self.received > self.limit:
             raise TooLarge(f"the answer is larger than {self.limit} bytes")
@@ -159,6 +168,7 @@ class UpstreamClient:
         self.in_flight = 0  # requests holding a connection, or waiting for one
         self._session: aiohttp.ClientSession | None = None
         self._fresh: aiohttp.ClientSession | None = None  # one connection per request: replays
+        self.turns: LoopTurns | None = None  # its loop's, once it has a session
 
     # ----- sessions ---------------------------------------------------------------------------
 
@@ -172,6 +182,7 @@ class UpstreamClient:
         return self._session
 
     def new_session(self, fresh: bool) -> aiohttp.ClientSession:
+        self.turns = turns_of(asyncio.get_running_loop())
         limits = self.limits
         keep = limits.keepalive_seconds > 0 and not fresh
         connector = aiohttp.TCPConnector(

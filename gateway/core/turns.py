@@ -6,8 +6,11 @@ heard. One that waits for every event has given it already, and a turn given any
 resumption of the request's task: a callback, a loop turn, and every frame of the request's
 stack resumed and suspended again. With a thousand slow streams that was about a tenth of a
 relayed chunk's CPU. `LoopTurns` tells the two apart with one callback per turn of the loop,
-shared by every relay on it, not one per relay. The edge asks it too: a connection writes a
-stream's piece at once at most once a turn (gateway/server/edge_writing.py).
+shared by every relay on it, not one per relay, and with none where a task says it has just
+waited: an upstream's read that found nothing yet and came back with bytes
+(backends/http/client.py) counts a turn itself. A relay at a model's pace then asks for no
+callback at all, and its loop turns once a chunk, not twice. The edge reads the count too: a
+connection writes a stream's piece at once at most once a turn (gateway/server/edge_writing.py).
 """
 
 from __future__ import annotations
@@ -16,11 +19,14 @@ import asyncio
 
 
 class LoopTurns:
-    """The turns of one event loop, counted while anyone asks.
+    """The turns of one event loop, counted while anyone asks, and whenever a task says it
+    waited.
 
     `ask()` makes sure a callback is due at the loop's next turn, and gives the count as it is.
-    The callback runs only once the task that asked has given the loop back, so a task that
-    later finds `count` moved knows it has let the loop run since it asked."""
+    The callback runs only once the task that asked has given the loop back, and `waited()` is
+    said only by a task back from a wait, so a task that later finds `count` moved knows it has
+    let the loop run since it read it. (Not the converse: a wait nobody said leaves the count
+    where it was until a callback asked for moves it.)"""
 
     __slots__ = ("count", "loop", "pending")
 
@@ -37,6 +43,11 @@ class LoopTurns:
 
     def turned(self) -> None:
         self.pending = False
+        self.count += 1
+
+    def waited(self) -> None:
+        """Said by a task just back from a wait it knows it made (an upstream's read that found
+        nothing yet): the loop has turned, counted with no callback. Never said otherwise."""
         self.count += 1
 
 

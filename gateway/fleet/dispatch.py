@@ -154,7 +154,7 @@ class Dispatcher:
         loop = deadline.loop
         clock = loop.time
         turns = turns_of(loop)
-        seen, turn_at = turns.ask(), clock() + TURN_SECONDS
+        seen, asked, turn_at = turns.ask(), True, clock() + TURN_SECONDS
         async with attempt:
             while item is not None:
                 if (charging := attempt.noted(item)) is not None:
@@ -167,11 +167,17 @@ class Dispatcher:
                     # A backend with events ready (echo, a buffered upstream) and a client that
                     # takes them without waiting (or has gone, so sends return at once) would
                     # never suspend: give the loop a turn, so other requests are served and a
-                    # disconnect is heard (it cancels this task here). A relay that has waited
-                    # since it last asked (a model's pace) has given it one already.
-                    if turns.count == seen:
-                        await asyncio.sleep(0)
-                    seen, turn_at = turns.ask(), clock() + TURN_SECONDS
+                    # disconnect is heard (it cancels this task here). A relay whose count moved
+                    # (a model's pace: its reads said they waited, or the turn asked for came)
+                    # has given it one already, and asks for no callback while that goes on; one
+                    # whose count stood still asks, and gives a turn if it stands still again.
+                    if turns.count != seen:
+                        seen, asked = turns.count, False
+                    else:
+                        if asked:
+                            await asyncio.sleep(0)
+                        seen, asked = turns.ask(), True
+                    turn_at = clock() + TURN_SECONDS
                 # the task that asks for the next item (the first ones are asked for by the chat
                 # flow's wait for the first token, the rest by the request's own task)
                 task = task_of(loop)

@@ -78,13 +78,13 @@ class CoalescingTransport:
         piece at a model's pace comes alone in its turn, and holding it cost a callback and its
         call for the same one system call. In a burst the rest of the turn's pieces are joined
         after the first, one system call more than holding them all. The turn is the loop's
-        shared count (gateway/core/turns.py): no callback of its own."""
+        shared count (gateway/core/turns.py), which a relay's reads at a model's pace move
+        themselves; the edge asks for no callback: a piece the count cannot yet tell from the
+        last one's turn is held, and leaves at that turn's end as any held write does."""
         turns = self.turns
         if self.held or turns.count == self.through_at or self.transport.is_closing():
             self.write(data)
         else:
-            if not turns.pending:  # asked, else asked already (a call less on a chunk's path)
-                turns.ask()
             self.through_at = turns.count
             self.transport.write(data)
 

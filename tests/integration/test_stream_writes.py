@@ -10,8 +10,10 @@ from __future__ import annotations
 import asyncio
 
 import orjson
+import pytest
 
 from gateway.config.settings import Settings
+from gateway.core.turns import LoopTurns
 from tests.support.edge_cycle import dechunked, served
 from tests.support.fault_upstream import FaultUpstream
 
@@ -77,3 +79,20 @@ def test_the_end_is_one_write_when_the_upstreams_last_bytes_come_late():
     writes = relayed("late-end")
     the_end_is_one_write(writes)
     assert b"[DONE]" not in b"".join(writes[:-1])
+
+
+def test_at_a_models_pace_no_chunk_asks_the_loop_for_a_callback(monkeypatch: pytest.MonkeyPatch):
+    """Each chunk's upstream read waited and says so (gateway/core/turns.py), so neither the
+    relay (gateway/fleet/dispatch.py) nor the edge asks for a callback to learn that the loop
+    has turned: the answer asks once, as it starts, however many chunks it relays."""
+    asked = []
+    ask = LoopTurns.ask
+
+    def counted(turns: LoopTurns) -> int:
+        asked.append(turns.count)
+        return ask(turns)
+
+    monkeypatch.setattr(LoopTurns, "ask", counted)
+    writes = relayed("drip-20")
+    assert len(writes) == 4, writes  # three chunks 20 ms apart, and the end
+    assert len(asked) == 1, asked

@@ -23,6 +23,7 @@ from backends.http.client import (
     UpstreamClient,
 )
 from backends.http.options import NetworkOptions, environment_proxy
+from gateway.core.turns import turns_of
 from tests.support.loopback_server import LoopbackServer
 from tests.support.servers import free_port
 
@@ -294,6 +295,46 @@ def test_interim_answers_are_skipped(interim: bytes):
                 await client.aclose()
 
         assert run(go()) == [(200, b"{}")] * 2
+
+
+def test_only_a_read_that_waited_counts_a_turn_of_the_loop():
+    """A read that found nothing yet and came back with bytes says the loop has turned
+    (gateway/core/turns.py: a relay at a model's pace asks for no callback to learn it); a read of
+    bytes that had arrived already, and the body's end, say nothing."""
+    release = asyncio.Event()
+
+    async def script(request: bytes, writer: asyncio.StreamWriter) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                     b"transfer-encoding: chunked\r\n\r\n6\r\nfirst\n\r\n")  # fmt: skip
+        await writer.drain()
+        await release.wait()
+        writer.write(b"7\r\nsecond\n\r\n0\r\n\r\n")
+        await writer.drain()
+        return True
+
+    with ScriptedServer(script) as server:
+
+        async def go() -> tuple[list[bytes], list[int]]:
+            client = client_for(server.url)
+            answer = await client.post("/chat/completions", b"{}")
+            turns = turns_of(asyncio.get_running_loop())
+            await asyncio.sleep(0.1)  # the first chunk has arrived
+            pieces, moved = [], []
+            for waits in (False, True, False):
+                before = turns.count
+                reading = asyncio.ensure_future(answer.read_some())
+                if waits:
+                    await asyncio.sleep(0.1)
+                    assert not reading.done()  # nothing has come yet
+                    server.loop.call_soon_threadsafe(release.set)
+                pieces.append(await reading)
+                moved.append(turns.count - before)
+            assert not turns.pending  # no callback was asked for: the count moved by itself
+            answer.close()
+            await client.aclose()
+            return pieces, moved
+
+        assert run(go()) == ([b"first\n", b"second\n", b""], [0, 1, 0])
 
 
 def test_a_gzip_answer_is_decoded():

@@ -38,6 +38,19 @@ def test_the_count_moves_only_once_the_task_that_asked_lets_the_loop_run():
     asyncio.run(main())
 
 
+def test_a_task_back_from_a_wait_counts_the_turn_with_no_callback():
+    async def main() -> None:
+        turns = LoopTurns(asyncio.get_running_loop())
+        seen = turns.count
+        turns.waited()  # an upstream's read that found nothing yet, back with bytes
+        assert turns.count == seen + 1
+        assert not turns.pending
+        await asyncio.sleep(0)
+        assert turns.count == seen + 1  # and nothing was left for the loop to run
+
+    asyncio.run(main())
+
+
 class Paced:
     """A backend whose events come `wait` seconds apart: waited for (a model's pace), or
     computed without letting the loop run (`busy`: a backend with its events ready)."""

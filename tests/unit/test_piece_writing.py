@@ -16,6 +16,7 @@ import orjson
 import pytest
 
 from gateway.config.settings import Settings
+from gateway.core.turns import turns_of
 from gateway.http.streaming import piece_writer
 from gateway.server.edge_writing import CoalescingTransport, PieceWritingCycle
 from tests.support.edge_cycle import CountedCycle, Written, cycle, dechunked, served
@@ -139,7 +140,9 @@ def framed(piece: bytes) -> bytes:
 async def test_behind_the_edge_a_turns_first_piece_goes_out_at_once_and_the_rest_together():
     """At a model's pace each piece comes alone in its turn: it is written at once, not held
     for the turn's end (a callback and its call for the same one system call). A burst's later
-    pieces in the same turn are joined into one write; the next turn's first goes at once again."""
+    pieces in the same turn are joined into one write; the next turn's first goes at once again
+    once the loop's turn count knows of that turn (a relay's read that waited says so:
+    gateway/core/turns.py). A turn nobody counted holds its piece until its end."""
     made, written = cycle(coalescing=True)
     await started(made)
     await asyncio.sleep(0)  # the head goes out at the turn's end, as the edge writes it
@@ -153,9 +156,15 @@ async def test_behind_the_edge_a_turns_first_piece_goes_out_at_once_and_the_rest
     assert len(written.writes) == 2  # held: the turn has written at once already
     await asyncio.sleep(0)
     assert written.writes[2:] == [framed(b"two") + framed(b"three")]
-    await asyncio.sleep(0)  # a turn passes between two pieces at a model's pace
+    await asyncio.sleep(0)  # a turn passes between two pieces at a model's pace,
+    turns_of(asyncio.get_running_loop()).waited()  # and the relay's read says it waited
     write(b"four")
     assert written.writes[3:] == [framed(b"four")]
+    await asyncio.sleep(0)  # a turn nobody counted (a backend whose reads say nothing)
+    write(b"five")
+    assert len(written.writes) == 4  # held: the edge cannot tell this turn from the last
+    await asyncio.sleep(0)
+    assert written.writes[4:] == [framed(b"five")]  # and written at that turn's end
 
 
 @in_a_loop
