@@ -752,9 +752,11 @@ class StreamState:
                 self.seen.add(index)
                 delta = choice.get("delta") or {}
                 text = delta.get("content")
-                logprobs = token_logprobs(choice.get("logprobs"))
+                given = choice.get("logprobs")  # most streams ask for none: no call a chunk
+                logprobs = token_logprobs(given) if given else None
                 if text or logprobs:
-                    text = content_text(text)
+                    if type(text) is not str:
+                        text = content_text(text)
                     events.append(TextDelta(index, text, logprobs))
                     self.fragments += 1
                     if self.stops:
@@ -781,7 +783,7 @@ class StreamState:
                 self.usage = read_usage(chunk["usage"])
         except (KeyError, TypeError, AttributeError, ValueError) as exc:
             raise malformed(exc) from None
-        return mark_last_text(events)
+        return mark_last_text(events) if len(events) > 1 else events  # most chunks: one event
 
     def collect(self, index: int, fragments: list[dict[str, Any]], events: list[Event]) -> None:
         pending = self.calls.setdefault(index, {})

@@ -181,7 +181,8 @@ class Attempt:
         charging = None
         for event in item if isinstance(item, list) else (item,):
             if isinstance(event, TextDelta | RefusalDelta | ToolCallDelta):
-                self.record.first_token()
+                if self.record.first_token_at is None:
+                    self.record.first_token()
                 self.relayed += delivered_tokens(event)
             elif isinstance(event, Usage):
                 self.usage_seen = True
