@@ -350,8 +350,12 @@ class OpenAIShaped(Generic[RequestT, CompletionT, ChunkT, StreamChoiceT, ErrorT]
             ):
                 refusal = isinstance(event, RefusalDelta) and self.refusal_field
                 delta: dict[str, Any] = {"refusal" if refusal else "content": text}
-                out = self.opened(answer, state, i, delta)
-                rendered = self.logprobs_body(None, logprobs) if refusal else self.logprobs_body(logprobs)
+                # a choice's later pieces, most of a stream, without asking `opened`
+                out = [] if i in state.started else self.opened(answer, state, i, delta)
+                if logprobs is None:  # most streams ask for none: no body to make
+                    rendered = None
+                else:
+                    rendered = self.logprobs_body(None, logprobs) if refusal else self.logprobs_body(logprobs)
                 out.append(self.chunk_body(answer, state, [self.chunk_choice(i, delta, rendered)]))
                 return out
             case ToolCallDelta(index=i):
