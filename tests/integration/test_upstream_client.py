@@ -79,6 +79,21 @@ def fixed(status: int, body: bytes, *headers: str) -> Script:
     return script
 
 
+def two_chunks(release: asyncio.Event) -> Script:
+    """A chunked stream: `first` at once, `second` and the end once `release` is set."""
+
+    async def script(request: bytes, writer: asyncio.StreamWriter) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
+                     b"transfer-encoding: chunked\r\n\r\n6\r\nfirst\n\r\n")  # fmt: skip
+        await writer.drain()
+        await release.wait()
+        writer.write(b"7\r\nsecond\n\r\n0\r\n\r\n")
+        await writer.drain()
+        return True
+
+    return script
+
+
 def client_for(url: str, proxy: str | None = None, ssl_context: Any = None, **limits: Any) -> UpstreamClient:
     """A client of `url`/v1 with LIMITS, changed as `limits` say."""
     headers = {"authorization": "Bearer k", "x-team": "a"}
@@ -134,17 +149,7 @@ def test_answers_are_read_whole_over_one_kept_alive_connection():
 
 def test_a_chunked_answer_arrives_piece_by_piece():
     release = asyncio.Event()
-
-    async def script(request: bytes, writer: asyncio.StreamWriter) -> bool:
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
-                     b"transfer-encoding: chunked\r\n\r\n6\r\nfirst\n\r\n")  # fmt: skip
-        await writer.drain()
-        await release.wait()
-        writer.write(b"7\r\nsecond\n\r\n0\r\n\r\n")
-        await writer.drain()
-        return True
-
-    with ScriptedServer(script) as server:
+    with ScriptedServer(two_chunks(release)) as server:
 
         async def go() -> tuple[str, bytes, bytes, bytes]:
             client = client_for(server.url)
@@ -302,17 +307,7 @@ def test_only_a_read_that_waited_counts_a_turn_of_the_loop():
     (gateway/core/turns.py: a relay at a model's pace asks for no callback to learn it); a read of
     bytes that had arrived already, and the body's end, say nothing."""
     release = asyncio.Event()
-
-    async def script(request: bytes, writer: asyncio.StreamWriter) -> bool:
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-                     b"transfer-encoding: chunked\r\n\r\n6\r\nfirst\n\r\n")  # fmt: skip
-        await writer.drain()
-        await release.wait()
-        writer.write(b"7\r\nsecond\n\r\n0\r\n\r\n")
-        await writer.drain()
-        return True
-
-    with ScriptedServer(script) as server:
+    with ScriptedServer(two_chunks(release)) as server:
 
         async def go() -> tuple[list[bytes], list[int]]:
             client = client_for(server.url)
