@@ -294,10 +294,12 @@ class ResponsesTranslator:
         out = self.opening(answer, state) if not state.started else []
         match event:
             case TextDelta(index=0, text=text, logprobs=logprobs):
-                if text or logprobs:
-                    out += self.text(state, "output_text", text, logprob_entries(logprobs))
+                if logprobs:
+                    self.text(state, "output_text", text, logprob_entries(logprobs), out)
+                elif text:  # most of a stream
+                    self.text(state, "output_text", text, [], out)
             case RefusalDelta(index=0, text=text):
-                out += self.text(state, "refusal", text, [])
+                self.text(state, "refusal", text, [], out)
             case ToolCallDelta(index=0):
                 out += self.close_message(state, "completed")
                 out += self.function_call(state, event)
@@ -318,9 +320,11 @@ class ResponsesTranslator:
                 out.append(self.event(state, {"type": f"response.{status}", "response": response}))
         return out
 
-    def text(self, state: ResponseStream, kind: str, text: str, logprobs: list[dict[str, Any]]) -> list[Any]:
-        """A piece of text or refusal, opening its message and part first when they are not open."""
-        out: list[Any] = []
+    def text(
+        self, state: ResponseStream, kind: str, text: str, logprobs: list[dict[str, Any]], out: list[Any]
+    ) -> None:
+        """A piece of text or refusal, opening its message and part first when they are not open;
+        its events go to `out`."""
         part = state.part
         if part is None or part["type"] != kind:  # else the open part goes on: most of a stream
             part = self.open_part(state, kind, out)
@@ -336,7 +340,6 @@ class ResponsesTranslator:
             )
         else:
             out.append(self.event(state, {"type": "response.refusal.delta", **state.at, "delta": text}))
-        return out
 
     def open_part(self, state: ResponseStream, kind: str, out: list[Any]) -> dict[str, Any]:
         """A new content part of `kind`, in the open message (opened first when none is), after
