@@ -294,10 +294,8 @@ class ResponsesTranslator:
         out = self.opening(answer, state) if not state.started else []
         match event:
             case TextDelta(index=0, text=text, logprobs=logprobs):
-                if logprobs:
-                    self.text(state, "output_text", text, logprob_entries(logprobs), out)
-                elif text:  # most of a stream
-                    self.text(state, "output_text", text, [], out)
+                if text or logprobs:  # no logprob entries built for none: most of a stream
+                    self.text(state, "output_text", text, logprob_entries(logprobs) if logprobs else [], out)
             case RefusalDelta(index=0, text=text):
                 self.text(state, "refusal", text, [], out)
             case ToolCallDelta(index=0):
