@@ -24,12 +24,15 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 from aiohttp import http_exceptions
+from aiohttp.client_proto import ResponseHandler
 from yarl import URL
 
 from backends.http.resolver import UpstreamResolver
@@ -146,6 +149,30 @@ class UpstreamResponse:
             release_free_memory()
 
 
+class UpstreamProtocol(ResponseHandler):
+    """aiohttp's client protocol, but for a resume of reading that was never paused.
+
+    aiohttp's body reader asks the protocol to resume reading after every read that leaves its
+    buffer under the low-water mark, paused or not, and the protocol then feeds its parser an
+    empty piece (`data_received(b"")`) to go on with whatever a pause left unparsed: at a
+    model's pace, a second pass through the protocol and the parser for every chunk. Only a
+    pause (`pause_reading`, which sets `_reading_paused`) leaves anything unparsed, so a resume
+    without one has nothing to do.
+    """
+
+    def resume_reading(self, resume_parser: bool = True) -> None:
+        if self._reading_paused:
+            super().resume_reading(resume_parser)
+
+
+class UpstreamConnector(aiohttp.TCPConnector):
+    """aiohttp's connector, its connections spoken by `UpstreamProtocol`."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self._factory = functools.partial(UpstreamProtocol, loop=self._loop)  # type: ignore[assignment]
+
+
 class UpstreamClient:
     """Keep-alive connections to one upstream origin; created and used in one event loop."""
 
@@ -185,7 +212,7 @@ class UpstreamClient:
         self.turns = turns_of(asyncio.get_running_loop())
         limits = self.limits
         keep = limits.keepalive_seconds > 0 and not fresh
-        connector = aiohttp.TCPConnector(
+        connector = UpstreamConnector(
             limit=limits.max_connections or 0,  # aiohttp: 0 is no cap
             limit_per_host=0,
             force_close=not keep,

@@ -21,6 +21,7 @@ from backends.http.client import (
     ProtocolError,
     TooLarge,
     UpstreamClient,
+    UpstreamProtocol,
 )
 from backends.http.options import NetworkOptions, environment_proxy
 from gateway.core.turns import turns_of
@@ -354,6 +355,91 @@ def test_a_gzip_answer_is_decoded():
 
         assert run(go()) == (200, b'{"ok": 1}')
     assert b"accept-encoding" not in server.requests[0].lower()  # the backend asks for identity itself
+
+
+def chunked_stream(pieces: list[bytes], compressed: bool = False) -> Script:
+    """A chunked answer of `pieces`, gzip-compressed as one stream when `compressed`."""
+    import zlib
+
+    async def script(request: bytes, writer: asyncio.StreamWriter) -> bool:
+        encoding = b"content-encoding: gzip\r\n" if compressed else b""
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n" + encoding
+                     + b"transfer-encoding: chunked\r\n\r\n")  # fmt: skip
+        packer = zlib.compressobj(wbits=31)
+        for piece in pieces:
+            if compressed:
+                piece = packer.compress(piece) + packer.flush(zlib.Z_SYNC_FLUSH)
+            writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+        if compressed:
+            tail = packer.flush()
+            writer.write(b"%x\r\n%s\r\n" % (len(tail), tail))
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        return True
+
+    return script
+
+
+@pytest.mark.parametrize("compressed", [False, True], ids=["plain", "gzip"])
+def test_a_stream_read_slower_than_it_arrives_pauses_and_is_read_whole(
+    compressed: bool, monkeypatch: pytest.MonkeyPatch
+):
+    """Far more than aiohttp's buffer holds, read a little at a time: the connection's reading
+    pauses and resumes (a resume that never paused is skipped, UpstreamProtocol), and every byte
+    arrives in order, compressed or not."""
+    pieces = [b"data: %06d %s\n\n" % (n, bytes([65 + n % 26]) * 500) for n in range(4000)]
+    paused: list[int] = []
+    pause = UpstreamProtocol.pause_reading
+
+    def counted_pause(protocol: UpstreamProtocol) -> None:
+        paused.append(1)
+        pause(protocol)
+
+    monkeypatch.setattr(UpstreamProtocol, "pause_reading", counted_pause)
+    with ScriptedServer(chunked_stream(pieces, compressed)) as server:
+
+        async def go() -> bytes:
+            client = client_for(server.url, max_response_bytes=8 << 20)
+            answer = await client.post("/chat/completions", b"{}")
+            await asyncio.sleep(0.2)  # the server has written it all: the client's buffer is full
+            read = []
+            while piece := await answer.read_some():
+                read.append(piece)
+                await asyncio.sleep(0)
+            answer.close()
+            await client.aclose()
+            return b"".join(read)
+
+        assert run(go()) == b"".join(pieces)
+    assert paused  # the test took the pause's path
+
+
+def test_a_read_at_a_models_pace_feeds_the_parser_once_a_chunk(monkeypatch: pytest.MonkeyPatch):
+    """aiohttp resumes reading after each read, paused or not; the connection's protocol feeds
+    its parser again only after a pause, so a chunk that comes alone is parsed once."""
+    fed: list[bytes] = []
+    received = UpstreamProtocol.data_received
+
+    def counted(protocol: UpstreamProtocol, data: bytes) -> None:
+        fed.append(data)
+        received(protocol, data)
+
+    monkeypatch.setattr(UpstreamProtocol, "data_received", counted)
+    release = asyncio.Event()
+    with ScriptedServer(two_chunks(release)) as server:
+
+        async def go() -> list[bytes]:
+            client = client_for(server.url)
+            answer = await client.post("/chat/completions", b"{}")
+            first = await answer.read_some()
+            server.loop.call_soon_threadsafe(release.set)
+            second, end = await answer.read_some(), await answer.read_some()
+            answer.close()
+            await client.aclose()
+            return [first, second, end]
+
+        assert run(go()) == [b"first\n", b"second\n", b""]
+    assert fed and b"" not in fed
 
 
 # ----- connections ------------------------------------------------------------------------------
