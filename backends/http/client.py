@@ -17,7 +17,9 @@ What this module adds to aiohttp:
 - one replay, on a fresh connection, of a request whose kept-alive connection the upstream
   closed as it was written (it had not answered a byte: the race every keep-alive pool meets);
 - the proxy and TLS settings of `NetworkOptions`, decided once at start;
-- no redirects, cookies or environment lookups: what is sent is what the deployment says.
+- no redirects, cookies or environment lookups: what is sent is what the deployment says;
+- no second pass of aiohttp's parser for a resume of reading that never paused
+  (`UpstreamProtocol`): at a model's pace, one pass a chunk, not two.
 """
 
 from __future__ import annotations
