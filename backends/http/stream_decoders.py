@@ -10,7 +10,7 @@ in proportion to its size, not to its size squared.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Protocol
 
 # Content types of JSON lines streams: LMI's, and the common others.
@@ -23,9 +23,9 @@ EVENT_STREAM_TYPE = "text/event-stream"
 class StreamDecoder(Protocol):
     done: bool  # the stream said it is complete (SSE's [DONE]); JSON lines never say so
 
-    def feed(self, piece: bytes) -> Iterator[bytes]: ...
+    def feed(self, piece: bytes) -> Iterable[bytes]: ...
 
-    def close(self) -> Iterator[bytes]: ...
+    def close(self) -> Iterable[bytes]: ...
 
 
 def decoder_for(media_type: str) -> StreamDecoder | None:
@@ -99,11 +99,19 @@ class SSEDecoder:
         self.buffer = LineBuffer(b"\n\n")
         self.done = False
 
-    def feed(self, piece: bytes) -> Iterator[bytes]:
+    def feed(self, piece: bytes) -> Iterable[bytes]:
         complete = self.buffer.complete(piece)
-        return self.payloads(complete) if complete else iter(())
+        if not complete:
+            return ()
+        # at a model's pace a piece is one event of one `data:` line (it ends the piece, so its
+        # first line end is the piece's last but one byte): its payload without a generator
+        if complete.startswith(b"data:") and complete.find(b"\n") == len(complete) - 2 and not self.done:
+            value = complete[6:-2] if complete[5:6] == b" " else complete[5:-2]
+            if value != b"[DONE]":
+                return (value,)
+        return self.payloads(complete)
 
-    def close(self) -> Iterator[bytes]:
+    def close(self) -> Iterable[bytes]:
         """The stream ended: what its last lines still hold."""
         rest = self.buffer.remainder()
         return self.payloads(rest) if rest else iter(())

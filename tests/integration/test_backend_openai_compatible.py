@@ -190,6 +190,10 @@ class StubUpstream(LoopbackServer):
             connection.closed.set()
         elif behaviour in ("refusing", "detailed"):
             await self.say_everything(behaviour, connection, writer)
+        elif behaviour == "stream-malformed":  # an event whose data is not JSON, first
+            await start_stream(writer)
+            writer.write(b'data: {"id": "x", "choices": [{"index": 0, "delta\n\n')
+            await writer.drain()
         elif behaviour == "truncated":
             await start_stream(writer)
             writer.write(chunk([delta(role="assistant", content="partial")]))
@@ -295,7 +299,7 @@ def stub() -> Iterator[StubUpstream]:
 
 STUB_BEHAVIOURS = ["status-400", "status-401", "status-403", "status-404", "status-422",
                    "status-429", "status-500", "status-503", "malformed", "capture",
-                   "fragments", "stall", "midstream", "truncated", "refusing",
+                   "fragments", "stall", "midstream", "truncated", "stream-malformed", "refusing",
                    "detailed", "retry-after-abc", "retry-after-negative", "retry-after-markup",
                    "retry-after-huge", "retry-after-date", "quotes-key", "burst",
                    "burst-failing"]  # fmt: skip
@@ -658,6 +662,14 @@ def test_upstream_status_becomes_gateway_error(
         assert response.headers["retry-after"] == "7"
     if behaviour in ("status-400", "status-422") and dialect == "openai":
         assert response.json()["error"]["param"] == "temperature"
+
+
+def test_a_streamed_event_that_is_not_json_is_502_with_what_it_held(gateway: str) -> None:
+    body = {"model": "stub-stream-malformed", "messages": MESSAGES, "stream": True}
+    response = post(gateway, "openai", body)
+    assert response.status_code == 502
+    message = dialect_error("openai", response)
+    assert "sent a malformed response" in message and '{"id": "x", "choices"' in message
 
 
 @pytest.mark.parametrize("behaviour", sorted(RETRY_AFTERS))
