@@ -159,12 +159,13 @@ class UpstreamProtocol(ResponseHandler):
     empty piece (`data_received(b"")`) to go on with whatever a pause left unparsed: at a
     model's pace, a second pass through the protocol and the parser for every chunk. Only a
     pause (`pause_reading`, which sets `_reading_paused`) leaves anything unparsed, so a resume
-    without one has nothing to do.
+    without one has nothing to do. (aiohttp 3.12's reader asked only after a pause, and the
+    method took no argument: whatever it is given is passed on as given.)
     """
 
-    def resume_reading(self, resume_parser: bool = True) -> None:
+    def resume_reading(self, *args: Any, **kwargs: Any) -> None:
         if self._reading_paused:
-            super().resume_reading(resume_parser)
+            super().resume_reading(*args, **kwargs)
 
 
 class UpstreamConnector(aiohttp.TCPConnector):

@@ -114,7 +114,7 @@ class SSEDecoder:
     def close(self) -> Iterable[bytes]:
         """The stream ended: what its last lines still hold."""
         rest = self.buffer.remainder()
-        return self.payloads(rest) if rest else iter(())
+        return self.payloads(rest) if rest else ()
 
     def payloads(self, data: bytes) -> Iterator[bytes]:
         for event in data.split(b"\n\n"):
@@ -144,13 +144,13 @@ class JSONLinesDecoder:
         self.buffer = LineBuffer(b"\n")
         self.done = False
 
-    def feed(self, piece: bytes) -> Iterator[bytes]:
+    def feed(self, piece: bytes) -> Iterable[bytes]:
         complete = self.buffer.complete(piece)
-        return self.lines(complete) if complete else iter(())
+        return self.lines(complete) if complete else ()
 
-    def close(self) -> Iterator[bytes]:
+    def close(self) -> Iterable[bytes]:
         rest = self.buffer.remainder()
-        return self.lines(rest) if rest else iter(())
+        return self.lines(rest) if rest else ()
 
     @staticmethod
     def lines(data: bytes) -> Iterator[bytes]:
