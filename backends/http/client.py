@@ -329,7 +329,13 @@ def request_error(error: aiohttp.ClientError) -> UpstreamError:
     if isinstance(error, aiohttp.ClientHttpProxyError):
         return ConnectFailed(f"the proxy refused the connection ({error.status} {error.message})")
     if isinstance(error, aiohttp.ClientConnectorError):  # refused, DNS, TLS, proxy unreachable
-        return ConnectFailed(f"{type(error.os_error).__name__}: {error.os_error}")
+        # a certificate's error is its own attribute (aiohttp 3.12's has no `os_error`)
+        cause = (
+            error.certificate_error
+            if isinstance(error, aiohttp.ClientConnectorCertificateError)
+            else error.os_error
+        )
+        return ConnectFailed(f"{type(cause).__name__}: {cause}")
     if isinstance(error, aiohttp.ServerDisconnectedError):
         return ProtocolError("the upstream closed the connection before answering")
     return answer_error(error)
