@@ -148,7 +148,18 @@ def test_answers_are_read_whole_over_one_kept_alive_connection():
     assert "cookie" not in lowered and head.endswith('\r\n\r\n{"a": 1}')
 
 
-def test_a_chunked_answer_arrives_piece_by_piece():
+def test_a_chunked_answer_arrives_piece_by_piece(monkeypatch: pytest.MonkeyPatch):
+    """Each chunk read as it comes, and parsed once: aiohttp resumes reading after each read,
+    paused or not, and the connection's protocol (UpstreamProtocol) feeds its parser again only
+    after a pause."""
+    fed: list[bytes] = []
+    received = UpstreamProtocol.data_received
+
+    def counted(protocol: UpstreamProtocol, data: bytes) -> None:
+        fed.append(data)
+        received(protocol, data)
+
+    monkeypatch.setattr(UpstreamProtocol, "data_received", counted)
     release = asyncio.Event()
     with ScriptedServer(two_chunks(release)) as server:
 
@@ -163,6 +174,7 @@ def test_a_chunked_answer_arrives_piece_by_piece():
             return answer.media_type, first, second, end
 
         assert run(go()) == ("text/event-stream", b"first\n", b"second\n", b"")
+    assert fed and b"" not in fed
 
 
 def test_a_body_that_ends_with_the_connection_is_read_and_the_connection_not_kept():
@@ -412,34 +424,6 @@ def test_a_stream_read_slower_than_it_arrives_pauses_and_is_read_whole(
 
         assert run(go()) == b"".join(pieces)
     assert paused  # the test took the pause's path
-
-
-def test_a_read_at_a_models_pace_feeds_the_parser_once_a_chunk(monkeypatch: pytest.MonkeyPatch):
-    """aiohttp resumes reading after each read, paused or not; the connection's protocol feeds
-    its parser again only after a pause, so a chunk that comes alone is parsed once."""
-    fed: list[bytes] = []
-    received = UpstreamProtocol.data_received
-
-    def counted(protocol: UpstreamProtocol, data: bytes) -> None:
-        fed.append(data)
-        received(protocol, data)
-
-    monkeypatch.setattr(UpstreamProtocol, "data_received", counted)
-    release = asyncio.Event()
-    with ScriptedServer(two_chunks(release)) as server:
-
-        async def go() -> list[bytes]:
-            client = client_for(server.url)
-            answer = await client.post("/chat/completions", b"{}")
-            first = await answer.read_some()
-            server.loop.call_soon_threadsafe(release.set)
-            second, end = await answer.read_some(), await answer.read_some()
-            answer.close()
-            await client.aclose()
-            return [first, second, end]
-
-        assert run(go()) == [b"first\n", b"second\n", b""]
-    assert fed and b"" not in fed
 
 
 # ----- connections ------------------------------------------------------------------------------
