@@ -20,7 +20,9 @@ from backends.openai_compatible import Options
 
 UPSTREAM = os.environ.get("BENCH_UPSTREAM", "http://127.0.0.1:8081")
 PASSED_HEADERS = ("content-type", "cache-control")
-MAX_CONNECTIONS = 100
+# upstream connections at once; 0: no cap (the concurrency point's thousands of streams, each
+# holding one, as chatgate's deployment with `max_concurrent` above them does)
+MAX_CONNECTIONS = int(os.environ.get("BENCH_MAX_CONNECTIONS", "100")) or None
 DEFAULTS = Options(base_url=UPSTREAM)  # the backend's defaults: the same client settings as chatgate
 LIMITS = Limits(
     connect=DEFAULTS.connect,

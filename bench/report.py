@@ -258,10 +258,11 @@ def workers_cpu_ratio(results: Results) -> float | None:
     )
 
 
-def largest_concurrency(results: Results) -> dict[str, Any] | None:
-    """chatgate's figures at the most streams the concurrency point opened (8,000 in a full run)."""
+def largest_concurrency(results: Results, through: str = "chatgate") -> dict[str, Any] | None:
+    """chatgate's figures (or the floor's) at the most streams the concurrency point opened
+    (8,000 in a full run)."""
     points = (results.get("concurrency") or {}).get("points") or {}
-    found = [(int(count), point.get("chatgate")) for count, point in points.items()]
+    found = [(int(count), point.get(through)) for count, point in points.items()]
     found = [(count, figures) for count, figures in found if figures]
     return max(found, key=lambda item: item[0])[1] if found else None
 
@@ -274,10 +275,23 @@ def at_most_streams(name: str) -> Callable[[Results], float | None]:
     return compute
 
 
-def rss_after_over_idle(results: Results) -> float | None:
+def rss_after_over_idle(through: str) -> Callable[[Results], float | None]:
     """RSS after the largest burst of streams has closed, over the fresh worker's before it."""
-    figures = largest_concurrency(results)
-    return None if figures is None else ratio(figures["rss_after_mb"], figures["rss_before_mb"])
+
+    def compute(results: Results) -> float | None:
+        figures = largest_concurrency(results, through)
+        return None if figures is None else ratio(figures["rss_after_mb"], figures["rss_before_mb"])
+
+    return compute
+
+
+def streams_chunk_over_floor(results: Results) -> float | None:
+    """At the most streams: chatgate's CPU per chunk over the floor's, relaying the same streams
+    in the same run."""
+    chatgate, floor = largest_concurrency(results), largest_concurrency(results, "floor")
+    if chatgate is None or floor is None:
+        return None
+    return ratio(chatgate["cpu_us_per_chunk"], floor["cpu_us_per_chunk"])
 
 
 def streams_at_most(results: Results) -> str:
@@ -363,8 +377,16 @@ RATIOS = [
         at_most_streams("rss_kb_per_open_stream"), " KB", 40, AT_MOST,
     ),
     Ratio(
-        "streams_rss_after_over_idle", "most streams at once: RSS after/idle", rss_after_over_idle, "×",
-        1.2, AT_MOST,
+        "streams_rss_after_over_idle", "most streams at once: RSS after/idle",
+        rss_after_over_idle("chatgate"), "×", 1.2, AT_MOST,
+    ),
+    Ratio(
+        "streams_chunk_over_floor", "most streams at once: chatgate/floor CPU µs/chunk",
+        streams_chunk_over_floor, "×",
+    ),
+    Ratio(
+        "floor_streams_rss_after_over_idle", "most streams at once: floor's RSS after/idle",
+        rss_after_over_idle("floor"), "×",
     ),
 ]  # fmt: skip
 
@@ -615,26 +637,33 @@ def render_concurrency(results: Results) -> list[str]:
     lines = [
         "",
         f"Concurrency (slow streams open at once, {entry['chunks_per_stream']} chunks {entry['gap_ms']} ms "
-        f"apart, one worker; deployment {orjson.dumps(entry['settings']).decode()}):",
-        f"{'streams':>9}{'errors':>8}{'most open':>11}{'cpu µs/chunk':>14}{'RSS KB/stream':>15}"
-        f"{'RSS before→peak→after MB':>27}{'gap p99 direct':>16}{'added p99':>11}",
+        f"apart, one worker; deployment {orjson.dumps(entry['settings']).decode()}"
+        + (
+            "; the floor, bench/floor.py, relays the same streams):"
+            if any(point.get("floor") for point in entry["points"].values())
+            else "):"
+        ),
+        f"{'streams':>9}  {'through':<9}{'errors':>7}{'most open':>11}{'cpu µs/chunk':>14}"
+        f"{'RSS KB/stream':>15}{'RSS before→peak→after MB':>27}{'after/idle':>12}"
+        f"{'gap p99 direct':>16}{'added p99':>11}",
     ]
     for count, point in entry["points"].items():
         direct = point["direct"]
-        found = point.get("chatgate")
-        if found is None:
+        shown = [(name, point[name]) for name in ("chatgate", "floor") if point.get(name)]
+        if not shown or point.get("error"):
             lines.append(f"{int(count):>9,}  error: {point.get('error')}")
-            continue
-        kinds = ", ".join(f"{n} {kind}" for kind, n in found["error_kinds"].items())
-        lines.append(
-            f"{int(count):>9,}{found['errors']:>8,}{found['peak_open']:>11,}"
-            f"{format_value(found['cpu_us_per_chunk'], ' µs'):>14}"
-            f"{format_value(found['rss_kb_per_open_stream'], ' KB'):>15}"
-            f"{found['rss_before_mb']:>9.0f} →{found['rss_peak_mb']:>6.0f} →{found['rss_after_mb']:>6.0f}"
-            f"{direct['gap_p99_ms']:>13.1f} ms"
-            + (f"{added:>+8.1f} ms" if (added := found["added_gap_p99_ms"]) is not None else "   (n/a)")
-            + (f"   ({kinds})" if kinds else "")
-        )
+        for name, found in shown:
+            kinds = ", ".join(f"{n} {kind}" for kind, n in found["error_kinds"].items())
+            lines.append(
+                f"{int(count):>9,}  {name:<9}{found['errors']:>7,}{found['peak_open']:>11,}"
+                f"{format_value(found['cpu_us_per_chunk'], ' µs'):>14}"
+                f"{format_value(found['rss_kb_per_open_stream'], ' KB'):>15}"
+                f"{found['rss_before_mb']:>9.0f} →{found['rss_peak_mb']:>6.0f} →{found['rss_after_mb']:>6.0f}"
+                f"{format_value(ratio(found['rss_after_mb'], found['rss_before_mb']), '×'):>12}"
+                f"{direct['gap_p99_ms']:>13.1f} ms"
+                + (f"{added:>+8.1f} ms" if (added := found["added_gap_p99_ms"]) is not None else "   (n/a)")
+                + (f"   ({kinds})" if kinds else "")
+            )
     return lines
 
 
@@ -741,8 +770,10 @@ def render_peers(results: Results) -> list[str]:
         )
     chunk = at_most_streams("cpu_us_per_chunk")(results)
     if chunk is not None:
+        floor = largest_concurrency(results, "floor")
         lines.append(
             f"chatgate: {chunk:,.1f} µs of CPU per relayed chunk at {streams_at_most(results)} streams"
+            + (f" (the floor: {floor['cpu_us_per_chunk']:,.1f})" if floor else "")
         )
     return lines
 

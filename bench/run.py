@@ -29,7 +29,9 @@ peer's and the floor's, with each goal's verdict.
 Then the concurrency point (bench/concurrency.py): 1,000, 4,000 and 8,000 slow streams open at
 once (64 chunks 20 ms apart, bench/slow_upstream.py) through one worker, each count on a fresh
 chatgate: errors, CPU per chunk, RSS per open stream, RSS after, the added p99 gap between
-chunks. `--only-concurrency` runs just that point (it needs neither nginx nor wrk).
+chunks; then the same streams through a fresh floor (bench/floor.py with no cap on its upstream
+connections), the least such a relay costs in Python. `--only-concurrency` runs just that point
+(it needs neither nginx nor wrk).
 
 Last, the fleet point (bench/fleet.py; the full run, or --with-fleet; `--only-fleet` alone):
 two llama.cpp server replicas and a workload of tenants with long shared prefixes, routed
@@ -599,7 +601,8 @@ class Bench:
 
     def concurrency_point(self) -> None:
         """The slow streams at each count: straight from the slow upstream, then through a
-        fresh chatgate (so its RSS before is that of an idle worker)."""
+        fresh chatgate (so its RSS before is that of an idle worker), then through a fresh floor
+        (the same streams' least cost in Python)."""
         counts = self.profile.concurrent_streams
         concurrency.raise_open_files(2 * max(counts) + 1024)
         port = free_port()
@@ -621,16 +624,15 @@ class Bench:
             )
             point: dict[str, Any] = {"direct": direct.as_dict()}
             entry["points"][str(count)] = point
-            try:
-                point.update(self.concurrency_through_chatgate(slow.url, count, direct))
-            except Exception as error:
-                point["error"] = f"{type(error).__name__}: {error}"
-                self.say(f"concurrency {count:,}: {point['error']}")
+            for name, launch in (("chatgate", self.concurrency_chatgate), ("floor", self.concurrency_floor)):
+                try:
+                    point[name] = self.streams_through(name, launch(slow.url, count), count, direct)
+                except Exception as error:
+                    point.setdefault("error", f"{name}: {type(error).__name__}: {error}")
+                    self.say(f"concurrency {count:,}, {name}: {type(error).__name__}: {error}")
         slow.stop()
 
-    def concurrency_through_chatgate(
-        self, upstream_url: str, count: int, direct: concurrency.StreamsResult
-    ) -> dict[str, Any]:
+    def concurrency_chatgate(self, upstream_url: str, count: int) -> Server:
         deployment = {
             "name": STREAM_REQUEST["model"],
             "backend": "openai-compatible",
@@ -644,6 +646,31 @@ class Bench:
         server = self.start_chatgate(f"chatgate concurrency {count}", config, root=self.chatgate_root)
         try:
             self.check_stream(server.url + JSON_PATH, {})
+        except BaseException:
+            server.stop()
+            raise
+        return server
+
+    def concurrency_floor(self, upstream_url: str, count: int) -> Server:
+        """bench.floor with no cap on its upstream connections, and a listen backlog as deep as
+        chatgate's for the same count."""
+        port = free_port()
+        command = [
+            sys.executable, "-m", "uvicorn", "bench.floor:app", "--port", str(port),
+            "--loop", "uvloop", "--http", "httptools", "--lifespan", "on", "--workers", "1",
+            "--no-access-log", "--log-level", "warning", "--backlog", str(count + 1000),
+        ]  # fmt: skip
+        return self.start(
+            f"floor concurrency {count}", pinned(self.cores.server, command), port, accepts_connections(port),
+            BENCH_UPSTREAM=upstream_url, BENCH_MAX_CONNECTIONS="0",
+        )  # fmt: skip
+
+    def streams_through(
+        self, name: str, server: Server, count: int, direct: concurrency.StreamsResult
+    ) -> dict[str, Any]:
+        """`count` slow streams through `server` (fresh, one worker), then `server` stopped: its
+        CPU per chunk relayed and its RSS before, at the peak, per open stream and after."""
+        try:
             before, cpu = server.rss_bytes(), server.cpu_seconds()
             peak = {"rss": before, "open": 0, "rss_at_most_open": before}
 
@@ -677,14 +704,14 @@ class Bench:
             else None,
         }
         self.say(
-            f"concurrency {count:,}, chatgate: {found.errors} errors {found.error_kinds or ''}, "
+            f"concurrency {count:,}, {name}: {found.errors} errors {found.error_kinds or ''}, "
             f"{figures['cpu_us_per_chunk'] or 0:.1f} µs cpu/chunk, RSS {figures['rss_before_mb']:.0f} → "
             f"{figures['rss_peak_mb']:.0f} MB ({peak['open']:,} open at most) → "
             f"{figures['rss_after_mb']:.0f} MB after, "
             f"gap p99 {found.gap_p99_ms:.1f} ms (direct {direct.gap_p99_ms:.1f}), "
             f"client cpu {found.client_cpu:.0%}"
         )
-        return {"chatgate": figures}
+        return figures
 
     # ----- contenders -----------------------------------------------------------------------
 

@@ -234,18 +234,25 @@ def test_table_and_chart(smoke):
 
 
 def test_concurrency_point_measured(smoke):
-    """The smoke run's concurrency point: 50 slow streams straight from the slow upstream and
-    through chatgate, every one whole, with each figure the full run reports."""
+    """The smoke run's concurrency point: 50 slow streams straight from the slow upstream,
+    through chatgate and through the floor, every one whole, with each figure the full run
+    reports, and chatgate's CPU a chunk set against the floor's."""
     stdout, results, _ = smoke
     entry = results["concurrency"]
     assert "error" not in entry, entry
     point = entry["points"]["50"]
-    direct, through = point["direct"], point["chatgate"]
-    for found in (direct, through):
+    assert "error" not in point, point
+    direct, through, floor = point["direct"], point["chatgate"], point["floor"]
+    for found in (direct, through, floor):
         assert found["ok"] == 50 and found["errors"] == 0, found
         assert 0 < found["gap_p50_ms"] <= found["gap_p99_ms"]
-    assert direct["chunks"] == 50 * entry["chunks_per_stream"]  # every data event
+    assert direct["chunks"] == floor["chunks"] == 50 * entry["chunks_per_stream"]  # every data event
     assert through["chunks"] == 50 * (entry["chunks_per_stream"] - 1)  # no usage chunk: not asked for
-    assert through["cpu_us_per_chunk"] > 0 and through["rss_after_mb"] > 0
-    assert through["rss_peak_mb"] >= through["rss_before_mb"] > 0
+    for found in (through, floor):
+        assert found["cpu_us_per_chunk"] > 0 and found["rss_after_mb"] > 0
+        assert found["rss_peak_mb"] >= found["rss_before_mb"] > 0
     assert "Concurrency (slow streams open at once" in stdout
+    rows = {line.split()[1]: line for line in stdout.splitlines() if line.startswith(f"{50:>9,}  ")}
+    assert set(rows) == {"chatgate", "floor"}, rows
+    over_floor = next(row for row in results["ratios"] if row["key"] == "streams_chunk_over_floor")
+    assert over_floor["value"] == pytest.approx(through["cpu_us_per_chunk"] / floor["cpu_us_per_chunk"])
