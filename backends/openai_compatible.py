@@ -75,7 +75,7 @@ from gateway.core.canonical import (
     Usage,
     mark_last_text,
 )
-from gateway.core.deadline import Deadline
+from gateway.core.deadline import Deadline, DeadlinePassed, task_of
 from gateway.core.errors import (
     BadGateway,
     BadRequest,
@@ -420,7 +420,20 @@ class OpenAICompatibleBackend:
                 read = answer.read_some  # whatever has arrived; b"" only at the end
                 until.when = first_deadline  # until the first generated chunk, then the whole's
                 while not decoder.done:
-                    piece = await until.wait(read())
+                    # `until.wait(read())` taken apart (Deadline.arm): no coroutine a read. The
+                    # task is asked each time: the first reads may come from another task's wait
+                    task = task_of(loop)
+                    assert task is not None
+                    cancelling = task.cancelling()
+                    until.arm(task, until.when)
+                    try:
+                        piece = await read()
+                    except asyncio.CancelledError:
+                        if until.passed(task, cancelling):
+                            raise DeadlinePassed from None
+                        raise
+                    finally:
+                        until.disarm()
                     brought: list[Event] | None = None  # what one read brought, as one item
                     try:
                         for payload in decoder.feed(piece) if piece else decoder.close():
