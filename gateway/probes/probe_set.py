@@ -24,6 +24,7 @@ class Answer:
     chunks: tuple[Any, ...] = ()  # a stream's chunks, parsed
     done: bool = False  # the stream ended with its end marker ([DONE])
     failure: str = ""
+    transport_failed: bool = False  # no answer because the connection failed (not a timeout)
     media_type: str = ""  # a stream's Content-Type, without parameters
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from backends.http.client import Limits, UpstreamClient, UpstreamError
+from backends.http.client import ConnectFailed, Limits, ProtocolError, UpstreamClient, UpstreamError
 from backends.http.stream_decoders import decoder_for
 from gateway.probes.findings import Finding, ProbeReport, ProbeUnavailable
 from gateway.probes.probe_set import Answer, ProbeSet
@@ -82,7 +82,22 @@ def parsed(raw: bytes) -> Any:
 
 
 async def ask(upstream: UpstreamClient, path: str, body: dict[str, Any], timeout: float) -> Answer:
-    """One probe request's answer, read whole (a stream chunk by chunk); never raises."""
+    """One probe request's answer, read whole (a stream chunk by chunk); never raises.
+
+    A request the transport failed (the connection refused or dropped, the answer cut short)
+    is asked once more before it is judged: a server that drops one connection under load has
+    not shown that it lacks the feature probed. A second failure is the answer, and says so."""
+    first = await ask_once(upstream, path, body, timeout)
+    if not first.transport_failed:
+        return first
+    again = await ask_once(upstream, path, body, timeout)
+    if not again.transport_failed:
+        return again
+    said = again.failure if again.failure == first.failure else f"{first.failure}, then {again.failure}"
+    return Answer(failure=f"{said} (asked twice)", transport_failed=True)
+
+
+async def ask_once(upstream: UpstreamClient, path: str, body: dict[str, Any], timeout: float) -> Answer:
     answer = None
     try:
         async with asyncio.timeout(timeout):
@@ -102,7 +117,8 @@ async def ask(upstream: UpstreamClient, path: str, body: dict[str, Any], timeout
     except TimeoutError:
         return Answer(failure=f"no answer within {timeout:g} s")
     except UpstreamError as error:
-        return Answer(failure=f"{type(error).__name__}: {error}")
+        dropped = isinstance(error, ConnectFailed | ProtocolError)  # not an answer too large
+        return Answer(failure=f"{type(error).__name__}: {error}", transport_failed=dropped)
     finally:
         if answer is not None:
             answer.close()

@@ -1,0 +1,60 @@
+"""A probe whose connection dropped is asked once more before it is judged: a server that drops
+one connection under load (llama.cpp's did, in CI) has not shown that it lacks the feature. Two
+failures in a row are the answer, and the detail names both; an answer too large or too slow is
+not asked again. Against tests/support/fault_upstream.py on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+
+from gateway.probes.runner import Target, ask, client, probe
+from gateway.probes.sets import PROBE_SETS
+from tests.support.fault_upstream import FaultUpstream
+
+STREAMED = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+
+
+def asked(base_url: str, body: dict, timeout: float = 10.0):
+    async def run():
+        upstream = client(Target(base_url, "m"), {})
+        try:
+            return await ask(upstream, "/chat/completions", body, timeout)
+        finally:
+            await upstream.aclose()
+
+    return asyncio.run(run())
+
+
+def test_a_stream_dropped_once_is_asked_again_and_judged_on_the_whole_answer():
+    with FaultUpstream() as upstream:
+        answer = asked(upstream.base_url("reset-once"), STREAMED)
+        assert upstream.counts["reset-once"] == 2
+    assert answer.status == 200
+    assert answer.streamed and answer.done
+    assert answer.chunks and not answer.failure
+
+
+def test_a_stream_dropped_every_time_is_a_failure_asked_twice_that_names_it():
+    with FaultUpstream() as upstream:
+        answer = asked(upstream.base_url("reset"), STREAMED)
+        assert upstream.counts["reset"] == 2  # once more, not again and again
+    assert answer.status == 0
+    assert "closed the connection" in answer.failure or "cut short" in answer.failure
+    assert answer.failure.endswith("(asked twice)")
+
+
+def test_an_answer_that_does_not_come_in_time_is_not_asked_again():
+    with FaultUpstream() as upstream:
+        answer = asked(upstream.base_url("stall"), STREAMED, timeout=0.5)
+        assert upstream.counts["stall"] == 1
+    assert answer.status == 0
+    assert answer.failure == "no answer within 0.5 s"
+
+
+def test_a_plain_request_dropped_once_does_not_make_the_server_unprobeable():
+    with FaultUpstream() as upstream:
+        target = Target(upstream.base_url("reset-once"), "m", timeout=10.0)
+        report = asyncio.run(probe(target, PROBE_SETS["openai"]))
+    findings = {found.feature: found for found in report.findings}
+    assert findings["stream_done"].verdict == "honoured", findings["stream_done"].detail
+    assert findings["max_tokens"].verdict != "broken", findings["max_tokens"].detail
