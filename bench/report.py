@@ -366,11 +366,12 @@ RATIOS = [
         "responses_chunk_over_chat", "Responses/chat CPU µs/chunk, streams",
         dialect_chunk_over_chat("responses"), "×", 1.10, AT_MOST,
     ),
-    # the concurrency point, at the most streams it opened
+    # the concurrency point, at the most streams it opened; CPU a chunk and RSS after as issue 40
+    # states them (issue 30 had asked 15 µs and 1.2×)
     Ratio("streams_errors", "most streams at once: errors", at_most_streams("errors"), "", 0, AT_MOST),
     Ratio(
         "streams_cpu_us_per_chunk", "most streams at once: CPU µs/chunk", at_most_streams("cpu_us_per_chunk"),
-        "µs", 15, AT_MOST,
+        "µs", 20, AT_MOST,
     ),
     Ratio(
         "streams_kb_per_open_stream", "most streams at once: RSS KB/open stream",
@@ -378,7 +379,7 @@ RATIOS = [
     ),
     Ratio(
         "streams_rss_after_over_idle", "most streams at once: RSS after/idle",
-        rss_after_over_idle("chatgate"), "×", 1.2, AT_MOST,
+        rss_after_over_idle("chatgate"), "×", 1.3, AT_MOST,
     ),
     Ratio(
         "streams_chunk_over_floor", "most streams at once: chatgate/floor CPU µs/chunk",
