@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
+from backends.http.client import Limits, UpstreamClient
 from gateway.probes.runner import Target, ask, client, probe
 from gateway.probes.sets import PROBE_SETS
 from tests.support.fault_upstream import FaultUpstream
@@ -14,9 +15,11 @@ from tests.support.fault_upstream import FaultUpstream
 STREAMED = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
 
 
-def asked(base_url: str, body: dict, timeout: float = 10.0):
+def asked(base_url: str, body: dict, timeout: float = 10.0, largest: int | None = None):
     async def run():
         upstream = client(Target(base_url, "m"), {})
+        if largest is not None:  # the probes' client, with room for an answer of `largest` bytes
+            upstream = UpstreamClient(base_url, upstream.headers, Limits(5.0, 1, 2.0, 65536, largest))
         try:
             return await ask(upstream, "/chat/completions", body, timeout)
         finally:
@@ -49,6 +52,14 @@ def test_an_answer_that_does_not_come_in_time_is_not_asked_again():
         assert upstream.counts["stall"] == 1
     assert answer.status == 0
     assert answer.failure == "no answer within 0.5 s"
+
+
+def test_an_answer_too_large_is_not_asked_again():
+    with FaultUpstream() as upstream:
+        answer = asked(upstream.base_url("ok"), {**STREAMED, "stream": False}, largest=64)
+        assert upstream.counts["ok"] == 1
+    assert answer.status == 0
+    assert answer.failure.startswith("TooLarge: the answer is larger than 64 bytes")
 
 
 def test_a_plain_request_dropped_once_does_not_make_the_server_unprobeable():
