@@ -25,6 +25,7 @@ class Answer:
     done: bool = False  # the stream ended with its end marker ([DONE])
     failure: str = ""
     transport_failed: bool = False  # no answer because the connection failed (not a timeout)
+    first_failure: str = ""  # the transport's failure the first time it was asked (then again)
     media_type: str = ""  # a stream's Content-Type, without parameters
 
 

@@ -5,6 +5,7 @@ request at a time and in order, each bounded by the target's timeout."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -55,6 +56,8 @@ async def probe(target: Target, probes: ProbeSet) -> ProbeReport:
             answers = [await ask(sent, probes.path, {**named, **body}, target.timeout) for body in one.bodies]
             gated = None if one.any_status else next(filter(None, map(probes.gate, answers)), None)
             verdict, detail = gated or one.judge(answers)
+            if dropped := next((answer.first_failure for answer in answers if answer.first_failure), ""):
+                detail = f"{detail} (asked twice: the first time, {dropped})"
             findings.append(Finding(one.feature, verdict, detail))
     finally:
         await keyed.aclose()
@@ -92,7 +95,7 @@ async def ask(upstream: UpstreamClient, path: str, body: dict[str, Any], timeout
         return first
     again = await ask_once(upstream, path, body, timeout)
     if not again.transport_failed:
-        return again
+        return dataclasses.replace(again, first_failure=first.failure)
     said = again.failure if again.failure == first.failure else f"{first.failure}, then {again.failure}"
     return Answer(failure=f"{said} (asked twice)", transport_failed=True)
 

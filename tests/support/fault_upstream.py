@@ -1,8 +1,8 @@
 """An OpenAI-compatible upstream that misbehaves on demand, for fault-injection tests.
 
 A raw asyncio HTTP/1.1 server in a thread. The first path segment picks the behaviour:
-`ok`, `slow-<ms>`, `reset` (stream, then drop the socket), `reset-once` (`reset` the first
-time, `ok` after), `stall` (never answer),
+`ok`, `slow-<ms>`, `reset` (stream, then drop the socket), `reset-once` (the first streamed
+request `reset`, all else `ok`), `stall` (never answer),
 `stall-mid` (one chunk, then silence), `malformed`, `flaky` (500 once, then ok),
 `busy` (429 with Retry-After: 1), `fail…` (500; `POST /control/heal/<name>` makes it ok),
 `role-then-reset` (a stream whose first chunk holds only the role, then the socket dropped),
@@ -66,6 +66,7 @@ class FaultUpstream(LoopbackServer):
         self.answering: Counter[str] = Counter()  # requests being answered now, by behaviour
         self.healed: set[str] = set()
         self.flaky_seen = 0
+        self.dropped_once = False  # reset-once's stream dropped
         self.traceparents: list[tuple[str, str | None]] = []  # (behaviour, header) per request
 
     def base_url(self, behaviour: str) -> str:
@@ -117,7 +118,8 @@ class FaultUpstream(LoopbackServer):
             self.flaky_seen += 1
             behaviour = "status-500" if self.flaky_seen == 1 else "ok"
         if behaviour == "reset-once":
-            behaviour = "reset" if self.counts["reset-once"] == 1 else "ok"
+            behaviour = "reset" if stream and not self.dropped_once else "ok"
+            self.dropped_once = self.dropped_once or stream
         if behaviour.startswith("fail"):
             behaviour = "ok" if behaviour in self.healed else "status-500"
         if behaviour == "busy":

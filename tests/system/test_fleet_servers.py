@@ -312,8 +312,8 @@ FEATURES = (
 )
 VERDICTS = {
     # llama-server accepts tools and answers text; it closed the probe's stream with include_usage
-    # mid-answer
-    "llama.cpp": verdicts(FEATURES, tools="ignored", stream_usage="broken", auth="open"),
+    # mid-answer, and answered it whole when asked again (gateway/probes/runner.py's `ask`)
+    "llama.cpp": verdicts(FEATURES, tools="ignored", auth="open"),
     # max_tokens: the random tiny64 model ends the probe's answer at once (stop, no text), which
     # the probe cannot tell from a limit ignored
     "vllm": verdicts(FEATURES, max_tokens="ignored", auth="open"),
