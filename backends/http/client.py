@@ -314,13 +314,21 @@ def discard(response: aiohttp.ClientResponse) -> None:
 
 
 def closed_as_written(error: Exception) -> bool:
-    """The upstream hung up before answering a byte (not a refused or failed connect)."""
+    """The upstream hung up before answering a byte (not a refused or failed connect): the write
+    failed at the socket, or was never made because the connection was closing already.
+
+    The second is llama-server's way after every stream: it closes the connection once the
+    stream has ended, without a `Connection: close`, so the next request may take that
+    connection from the pool before its close is read. aiohttp then refuses to write on it
+    (`ClientConnectionResetError`, with no errno) and says "Can not write request body"."""
     if isinstance(error, aiohttp.ServerDisconnectedError):
         return True
     return (
         isinstance(error, aiohttp.ClientOSError)
         and not isinstance(error, aiohttp.ClientConnectorError)
-        and error.errno in REPLAYED_ERRNOS
+        and (
+            error.errno in REPLAYED_ERRNOS or isinstance(error.__cause__, aiohttp.ClientConnectionResetError)
+        )
     )
 
 

@@ -5,12 +5,14 @@ certificate, and proxies (forwarding and CONNECT), with no gateway in between.""
 from __future__ import annotations
 
 import asyncio
+import errno
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 import trustme
 
@@ -22,6 +24,7 @@ from backends.http.client import (
     TooLarge,
     UpstreamClient,
     UpstreamProtocol,
+    closed_as_written,
 )
 from backends.http.options import NetworkOptions, environment_proxy
 from gateway.core.turns import turns_of
@@ -496,6 +499,26 @@ def test_a_connection_closed_as_the_request_was_written_is_replayed_once_on_a_ne
 
         assert run(go()) == [(200, b"ok")] * 2
     assert server.connections == 2 and len(server.requests) == 3  # the dropped one, then its replay
+
+
+def refused_write(cause: BaseException | None) -> aiohttp.ClientOSError:
+    """The error aiohttp's request gives when writing its body failed (client_reqrep's send)."""
+    error = aiohttp.ClientOSError(getattr(cause, "errno", None), "Can not write request body for http://u/x")
+    error.__cause__ = cause
+    return error
+
+
+def test_a_request_never_written_on_a_closing_connection_is_replayed():
+    """llama-server closes the connection after a stream without saying so; a request that takes
+    it from the pool first is refused by aiohttp before a byte goes out (no errno): replayed.
+    The real server's case is tests/system/test_fleet_servers.py's."""
+    closing = aiohttp.ClientConnectionResetError("Cannot write to closing transport")
+    assert closed_as_written(refused_write(closing))
+    assert closed_as_written(refused_write(ConnectionResetError(errno.ECONNRESET, "reset")))
+    assert closed_as_written(refused_write(BrokenPipeError(errno.EPIPE, "broken pipe")))
+    # a write that failed another way may have gone out in part, or the upstream may be down
+    assert not closed_as_written(refused_write(OSError(errno.ETIMEDOUT, "timed out")))
+    assert not closed_as_written(refused_write(None))
 
 
 def test_a_connection_the_upstream_closed_while_idle_is_not_reused():
