@@ -81,6 +81,9 @@ class ChatPipeline:
         self.hook = hook  # what the operation does around the flow (None for nearly all)
         self.policy = runtime.pipeline
         self.translator = translator
+        # an OpenAI-shaped translator's begun choices' text pieces, framed from a template
+        # (gateway/dialects/shape.py); None: every event rendered by `chunks`
+        self.text_frame = getattr(translator, "text_frame", None)
         self.routing_header = dialect.routing_header
         self.screens_media = dialect.screens_media
         self.max_response_bytes = runtime.settings.server.max_response_bytes
@@ -180,12 +183,15 @@ class ChatPipeline:
 
     def rendered(self, answer: Answer, item: Item, state: Any) -> bytes:
         """An item's chunks, framed, as one piece."""
-        translator, frame = self.translator, self.translator.framing.frame
-        if isinstance(item, list) and len(item) == 1:  # most of a stream's items: one event
-            item = item[0]
-        if not isinstance(item, list):
-            return b"".join(map(frame, translator.chunks(answer, item, state)))
-        return b"".join(frame(chunk) for event in item for chunk in translator.chunks(answer, event, state))
+        if isinstance(item, list):
+            if len(item) != 1:
+                return b"".join([self.rendered(answer, event, state) for event in item])
+            item = item[0]  # most of a stream's items: one event
+        text_frame = self.text_frame
+        if type(item) is TextDelta and text_frame and (piece := text_frame(answer, item, state)) is not None:
+            return piece
+        translator = self.translator
+        return b"".join(map(translator.framing.frame, translator.chunks(answer, item, state)))
 
     async def stream(
         self,

@@ -53,6 +53,7 @@ class LMITranslator(
     """No `model` in LMI's bodies; a chunk's logprobs a one-element list (see lmi.yaml)."""
 
     framing = JSONLines()
+    text_templated = False  # a text marked `last` waits for its finish (`chunks`)
     finish_delta = {"content": ""}
     separate_role_chunk = False  # LMI's first chunk carries the role and the first token
     usage_chunk = "never"  # LMI's stream has no usage
