@@ -40,6 +40,7 @@ from gateway.dialects.anthropic_read import read_messages, tool_text
 from gateway.dialects.defaults import defaulted
 from gateway.dialects.dialect import Dialect, Handler, ModelDirectory, OperationCall
 from gateway.dialects.framing import NamedEventSSE
+from gateway.dialects.text_pieces import TEXT_MARK, cut
 from gateway.dialects.translator import JSON, Answer, DocumentFacts, RenderedError, Translator
 
 if TYPE_CHECKING:
@@ -152,6 +153,9 @@ class MessageStream:
     called: bool = False  # whether a tool_use block went out
     native: bool = False  # the upstream's own frames are written (a native pass-through)
     stopped: bool = False  # a policy step ended it (the content filter): nothing more is written
+    # the open text block's delta framed, cut around its text, and the block's index
+    # (AnthropicTranslator.text_frame)
+    template: tuple[int, tuple[bytes, ...] | None] | None = None
 
 
 def stop_reason(finish: FinishReason, called: bool) -> anthropic_doc.StopReason:
@@ -343,6 +347,21 @@ class AnthropicTranslator:
                 out.append(message_delta)
                 out.append({"type": "message_stop"})
         return out
+
+    def text_frame(self, answer: Answer, event: TextDelta, state: MessageStream) -> bytes | None:
+        """A text piece of the open text block, framed as `chunks` and the framing frame it, from
+        the block's template (gateway/dialects/text_pieces.py); None where none applies (the
+        block's first piece, an empty one, a native pass-through)."""
+        if state.open != "text" or not event.text or event.index or state.native or event.frames is not None:
+            return None
+        template = state.template
+        if template is None or template[0] != state.index:
+            marked = self.chunks(answer, TextDelta(0, TEXT_MARK), state)  # in the open block: changes nothing
+            framed = b"".join(map(self.framing.frame, marked))
+            template = state.template = (state.index, cut(framed, TEXT_MARK))
+        if (parts := template[1]) is None:
+            return None
+        return b"".join((parts[0], orjson.dumps(event.text), parts[1]))
 
     def native_chunks(self, answer: Answer, event: Event, state: MessageStream) -> list[Any]:
         """An upstream's own frames as they came, the message's id and model the client's; an

@@ -37,6 +37,7 @@ from gateway.core.parameters import BY_SPELLING, canonical_name
 from gateway.dialects.defaults import defaulted
 from gateway.dialects.framing import SSE, Framing
 from gateway.dialects.rules import first_breach
+from gateway.dialects.text_pieces import TEXT_MARK, cut
 from gateway.dialects.translator import Answer, DocumentFacts, RenderedError
 
 if TYPE_CHECKING:  # the documents' shapes, for the type checker only (generated/, no run-time cost)
@@ -88,17 +89,13 @@ class StreamState(Generic[ChunkT]):
     started: set[int] = field(default_factory=set)  # choices whose first chunk went out
     served: ServedBy = field(default_factory=ServedBy)  # what the backend said of the answer
     held: dict[int, ChunkT] = field(default_factory=dict)  # a choice's chunk not yet sent
-    # a choice's text piece framed, cut around its text, and the `served` it was made with
-    # (OpenAIShaped.text_frame)
-    texts: dict[int, tuple[bytes, bytes, ServedBy]] = field(default_factory=dict)
+    # a choice's text piece framed, cut around its text (None: not cut), and the `served` it
+    # was made with (OpenAIShaped.text_frame)
+    texts: dict[int, tuple[tuple[bytes, ...] | None, ServedBy]] = field(default_factory=dict)
 
 
 # When a stream ends with a usage-only chunk: when `include_usage` asks, always, or never.
 UsageChunk = Literal["asked", "always", "never"]
-# The text a choice's template is rendered with, found again in the framed bytes by its JSON
-# (private-use characters: no document's field has them)
-TEXT_MARK = "\ue000chatgate text\ue001"
-TEXT_MARK_JSON = orjson.dumps(TEXT_MARK)
 
 
 class OpenAIShaped(Generic[RequestT, CompletionT, ChunkT, StreamChoiceT, ErrorT]):
@@ -353,35 +350,20 @@ class OpenAIShaped(Generic[RequestT, CompletionT, ChunkT, StreamChoiceT, ErrorT]
         return [self.chunk_body(answer, state, [self.chunk_choice(index, opening)])]
 
     def text_frame(self, answer: Answer, event: TextDelta, state: StreamState[ChunkT]) -> bytes | None:
-        """A text piece of a choice already begun, framed, as `chunks` and the framing make it;
-        None where this does not apply (logprobs, the choice's first piece, a dialect that holds
-        its chunks back).
-
-        Most of a stream's chunks are such pieces, and each is the last one's bytes with another
-        text: the choice's first is rendered with a mark for its text and cut around it, and the
-        rest are the two ends around their own text's JSON. A new `served` (the backend said its
-        fingerprint or tier) makes the template again."""
+        """A text piece of a choice already begun, framed as `chunks` and the framing frame it,
+        from the choice's template (gateway/dialects/text_pieces.py); None where none applies
+        (logprobs, the choice's first piece, a dialect that holds its chunks back). A new
+        `served` (the backend said its fingerprint or tier) makes the template again."""
         if not self.text_templated or event.logprobs is not None or event.index not in state.started:
             return None
         template = state.texts.get(event.index)
-        if template is None or template[2] is not state.served:
-            template = state.texts[event.index] = self.text_template(answer, event.index, state)
-        head, tail, _ = template
-        if not head:  # the mark was not found once in the frame: rendered as any event is
+        if template is None or template[1] is not state.served:
+            frame = self.framing.frame
+            marked = self.chunks(answer, TextDelta(event.index, TEXT_MARK), state)  # changes nothing
+            template = state.texts[event.index] = (cut(b"".join(map(frame, marked)), TEXT_MARK), state.served)
+        if (parts := template[0]) is None:
             return None
-        return b"".join((head, orjson.dumps(event.text), tail))
-
-    def text_template(
-        self, answer: Answer, index: int, state: StreamState[ChunkT]
-    ) -> tuple[bytes, bytes, ServedBy]:
-        """A begun choice's text piece, framed, cut before and after its text; (b"", b"", …) if
-        the mark's JSON is not in it exactly once."""
-        frame = self.framing.frame
-        framed = b"".join(frame(chunk) for chunk in self.chunks(answer, TextDelta(index, TEXT_MARK), state))
-        head, found, tail = framed.partition(TEXT_MARK_JSON)
-        if not found or not head or TEXT_MARK_JSON in tail:
-            return b"", b"", state.served
-        return head, tail, state.served
+        return b"".join((parts[0], orjson.dumps(event.text), parts[1]))
 
     def chunks(self, answer: Answer, event: Event, state: StreamState[ChunkT]) -> list[ChunkT]:
         """The stream chunks one canonical event becomes (often one, sometimes none)."""

@@ -10,6 +10,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 from gateway.core.canonical import (
     ChatRequest,
     Completion,
@@ -27,6 +29,7 @@ from gateway.core.errors import GatewayError
 from gateway.core.ids import random_hex
 from gateway.dialects.framing import NamedEventSSE
 from gateway.dialects.responses.reading import Echo, read
+from gateway.dialects.text_pieces import NUMBER_MARK, TEXT_MARK, cut
 from gateway.dialects.translator import Answer, DocumentFacts, RenderedError, TranslatorFactory
 
 if TYPE_CHECKING:
@@ -228,6 +231,15 @@ class ResponseStream:
     response: dict[str, Any] | None = None  # the whole response, once it has ended
     native: bool = False  # the upstream's own events are written (a native pass-through)
     stopped: bool = False  # a policy step ended it (the content filter): nothing more is written
+    # the open text part's delta event framed, cut around its text and its sequence number, and
+    # the part's place (`at`) it was made for (ResponsesTranslator.text_frame)
+    template: tuple[dict[str, Any], tuple[bytes, ...] | None] | None = None
+
+
+def text_delta(at: dict[str, Any], text: str, logprobs: list[dict[str, Any]]) -> dict[str, Any]:
+    """A piece of the open text part, as its `response.output_text.delta` event (less its
+    sequence number)."""
+    return {"type": "response.output_text.delta", **at, "delta": text, "logprobs": logprobs}
 
 
 class ResponsesTranslator:
@@ -318,6 +330,34 @@ class ResponsesTranslator:
                 out.append(self.event(state, {"type": f"response.{status}", "response": response}))
         return out
 
+    def text_frame(self, answer: Answer, event: TextDelta, state: ResponseStream) -> bytes | None:
+        """A text piece of the open text part, its delta event framed as `chunks` and the framing
+        frame it, from the part's template (gateway/dialects/text_pieces.py), the piece kept and
+        the sequence counted as `text` does; None where none applies (the part's first piece, an
+        empty one, logprobs, a native pass-through)."""
+        part = state.part
+        if (
+            part is None
+            or part["type"] != "output_text"
+            or not event.text
+            or event.logprobs
+            or event.index
+            or state.native
+            or event.frames is not None
+        ):
+            return None
+        template = state.template
+        if template is None or template[0] is not state.at:
+            # the sequence number last, as `event` adds it
+            marked = {**text_delta(state.at, TEXT_MARK, []), "sequence_number": NUMBER_MARK}
+            template = state.template = (state.at, cut(self.framing.frame(marked), TEXT_MARK, NUMBER_MARK))
+        if (parts := template[1]) is None:
+            return None
+        state.pieces.append(event.text)
+        sequence = state.sequence
+        state.sequence += 1
+        return b"".join((parts[0], orjson.dumps(event.text), parts[1], b"%d" % sequence, parts[2]))
+
     def text(
         self, state: ResponseStream, kind: str, text: str, logprobs: list[dict[str, Any]], out: list[Any]
     ) -> None:
@@ -330,12 +370,7 @@ class ResponsesTranslator:
         if kind == "output_text":
             if logprobs:
                 part["logprobs"] += logprobs
-            out.append(
-                self.event(
-                    state,
-                    {"type": "response.output_text.delta", **state.at, "delta": text, "logprobs": logprobs},
-                )
-            )
+            out.append(self.event(state, text_delta(state.at, text, logprobs)))
         else:
             out.append(self.event(state, {"type": "response.refusal.delta", **state.at, "delta": text}))
 

@@ -11,13 +11,13 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.core.canonical import Finish, ServedBy, TextDelta, ToolCallDelta
+from gateway.core.canonical import Finish, TextDelta, ToolCallDelta
 from gateway.core.errors import GatewayError
 from gateway.core.parameters import BY_SPELLING
 from gateway.dialects.framing import SSE, JSONLines, NamedEventSSE
 from gateway.dialects.registry import DIALECTS
-from gateway.dialects.shape import TEXT_MARK, OpenAIShaped
-from gateway.dialects.translator import Answer, DocumentFacts, Translator
+from gateway.dialects.shape import OpenAIShaped
+from gateway.dialects.translator import DocumentFacts, Translator
 from gateway.http.documents import load_document
 from tests.support.readers import chat_shaped
 from tests.unit.dialects import cases
@@ -268,94 +268,6 @@ def test_a_chunk_without_choices_is_the_usage_chunk(dialect_name: str, include_u
     assert all(chunk.get("usage") is None for chunk in chunks[:-1] if chunk["choices"])
     if without_choices:
         assert chunks[-1] is without_choices[0]
-
-
-# ----- a text piece from its choice's template ---------------------------------------------------
-
-# Texts whose JSON differs from the text: quotes, escapes, control and line-separator
-# characters, non-ASCII, an SSE line and a JSON line inside the text, and the template's own mark.
-HOSTILE_TEXTS = [
-    "Hello",
-    "",
-    " ",
-    'a "quote" and a \\ backslash',
-    "é 日本 🎉",
-    "\n\r\t\x00\x1f\x7f",
-    "\u2028\u2029",
-    "</script>",
-    "data: [DONE]\n\n",
-    '{"choices":[]}\n',
-    TEXT_MARK,
-    TEXT_MARK + TEXT_MARK,
-]
-# Two choices begun, pieces of each, the backend's fingerprint arriving mid-stream, one choice
-# finished while the other goes on (Azure holds that finish for the usage), then the end.
-TEMPLATED_STREAM = [
-    TextDelta(0, "first"),
-    TextDelta(1, "first"),
-    *(TextDelta(index, text) for text in HOSTILE_TEXTS for index in (0, 1)),
-    ServedBy(system_fingerprint="fp_1", service_tier="default"),
-    *(TextDelta(index, text) for text in HOSTILE_TEXTS for index in (1, 0)),
-    Finish(0, "stop"),
-    *(TextDelta(1, text) for text in HOSTILE_TEXTS),
-    Finish(1, "length"),
-    USAGE,
-]
-
-
-def rendered_both_ways(
-    translator: Any, events: list[Any], answer: Any
-) -> tuple[list[bytes], list[bytes], int]:
-    """Each event's bytes rendered by `chunks` and the framing, and rendered with a begun
-    choice's text pieces taken from `text_frame` (each through its own stream state); and how
-    many pieces the template made."""
-    frame = translator.framing.frame
-    by_chunks, by_template = translator.new_stream_state(), translator.new_stream_state()
-    expected, got, made = [], [], 0
-    for event in events:
-        expected.append(b"".join(map(frame, translator.chunks(answer, event, by_chunks))))
-        piece = translator.text_frame(answer, event, by_template) if type(event) is TextDelta else None
-        if piece is None:
-            piece = b"".join(map(frame, translator.chunks(answer, event, by_template)))
-        else:
-            made += 1
-        got.append(piece)
-    return expected, got, made
-
-
-@pytest.mark.parametrize("include_usage", [False, True], ids=["usage not asked for", "usage asked for"])
-@pytest.mark.parametrize("dialect_name", [name for name in sorted(chat_shaped()) if name != "lmi"])
-def test_a_text_piece_from_its_template_is_the_piece_chunks_make(dialect_name: str, include_usage: bool):
-    """gateway/chat.py renders a begun choice's text pieces from a template: byte for byte what
-    `chunks` and the framing make, whatever the text, a fingerprint that arrives mid-stream,
-    or a finish held back, and made by the template for every piece but each choice's first."""
-    translator = cases.translator(dialect_name)
-    expected, got, made = rendered_both_ways(
-        translator, TEMPLATED_STREAM, cases.answer(include_usage=include_usage, n=2)
-    )
-    assert got == expected
-    assert made == sum(type(event) is TextDelta for event in TEMPLATED_STREAM) - 2
-
-
-def test_a_model_name_with_the_mark_in_it_is_rendered_without_the_template():
-    """The template is cut at the mark's one place in the frame: a frame that holds it twice
-    (a model named with it) is rendered as every other event is, not cut at the wrong place."""
-    translator = cases.translator("openai")
-    answer = Answer(cases.ANSWER_ID, cases.CREATED, TEXT_MARK, cases.request(stream=True))
-    events = [TextDelta(0, "first"), *(TextDelta(0, text) for text in HOSTILE_TEXTS)]
-    expected, got, made = rendered_both_ways(translator, events, answer)
-    assert got == expected
-    assert made == 0
-
-
-def test_lmi_text_pieces_are_not_templated():
-    """LMI holds a text marked `last` back for its finish reason (test_lmi.py): its pieces are
-    rendered by `chunks`, which knows that."""
-    translator = cases.translator("lmi")
-    state = translator.new_stream_state()
-    answer = cases.answer()
-    translator.chunks(answer, TextDelta(0, "first"), state)
-    assert translator.text_frame(answer, TextDelta(0, "more"), state) is None
 
 
 # ----- framing ----------------------------------------------------------------------------------
