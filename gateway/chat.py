@@ -81,9 +81,11 @@ class ChatPipeline:
         self.hook = hook  # what the operation does around the flow (None for nearly all)
         self.policy = runtime.pipeline
         self.translator = translator
-        # an OpenAI-shaped translator's begun choices' text pieces, framed from a template
-        # (gateway/dialects/shape.py); None: every event rendered by `chunks`
+        # a begun text's pieces framed from a template (gateway/dialects/text_pieces.py); None
+        # where the translator has none, or says it never makes one (LMI): no call a piece
         self.text_frame = getattr(translator, "text_frame", None)
+        if not getattr(translator, "text_templated", True):
+            self.text_frame = None
         self.routing_header = dialect.routing_header
         self.screens_media = dialect.screens_media
         self.max_response_bytes = runtime.settings.server.max_response_bytes
@@ -182,15 +184,22 @@ class ChatPipeline:
         )
 
     def rendered(self, answer: Answer, item: Item, state: Any) -> bytes:
-        """An item's chunks, framed, as one piece."""
+        """An item's chunks, framed, as one piece; a begun text's pieces framed from its template
+        where the translator has one (`text_frame`), the rest by `chunks` and the framing."""
+        templated, translator = self.text_frame, self.translator
         if isinstance(item, list):
-            if len(item) != 1:
-                return b"".join([self.rendered(answer, event, state) for event in item])
+            if len(item) != 1:  # a read that brought several events: one loop, one join
+                frame, chunks = translator.framing.frame, translator.chunks
+                pieces: list[bytes] = []
+                for event in item:
+                    if templated and type(event) is TextDelta and (piece := templated(answer, event, state)):
+                        pieces.append(piece)
+                    else:
+                        pieces += map(frame, chunks(answer, event, state))
+                return b"".join(pieces)
             item = item[0]  # most of a stream's items: one event
-        text_frame = self.text_frame
-        if type(item) is TextDelta and text_frame and (piece := text_frame(answer, item, state)) is not None:
+        if templated and type(item) is TextDelta and (piece := templated(answer, item, state)):
             return piece
-        translator = self.translator
         return b"".join(map(translator.framing.frame, translator.chunks(answer, item, state)))
 
     async def stream(

@@ -11,6 +11,7 @@ import orjson
 import pytest
 
 from gateway.app import facts_of
+from gateway.chat import ChatPipeline
 from gateway.core.canonical import Finish, RefusalDelta, ServedBy, TextDelta, ToolCallDelta
 from gateway.dialects.openai import OpenAITranslator
 from gateway.dialects.registry import DIALECTS
@@ -217,3 +218,38 @@ TEXT_JSON, NUMBER_JSON = orjson.dumps(TEXT_MARK), orjson.dumps(NUMBER_MARK)
 )
 def test_cut(framed: bytes, marks: tuple[str, ...], parts: tuple[bytes, ...] | None):
     assert cut(framed, *marks) == parts
+
+
+def pipeline_of(translator: Any) -> ChatPipeline:
+    """The chat flow, as far as rendering an item needs it (its translator, and its `text_frame`
+    as ChatPipeline.__init__ keeps it), without a runtime."""
+    pipeline = object.__new__(ChatPipeline)
+    pipeline.translator = translator
+    pipeline.text_frame = translator.text_frame if getattr(translator, "text_templated", True) else None
+    return pipeline
+
+
+@pytest.mark.parametrize(
+    "size", [0, 1, 3, 1000], ids=["events as items", "items of one event", "items of three", "one item"]
+)
+@pytest.mark.parametrize(
+    ("dialect_name", "events"),
+    [
+        ("openai", CHOICES_STREAM),
+        ("lmi", CHOICES_STREAM),
+        ("anthropic", BLOCKS_STREAM),
+        ("responses", BLOCKS_STREAM),
+    ],
+)
+def test_the_chat_flow_renders_items_of_any_size_as_chunks_would(
+    dialect_name: str, events: list[Any], size: int
+):
+    """gateway/chat.py renders what one read brought as one piece: the same bytes however the
+    events are grouped into items (a model's pace: one an item; a burst: many)."""
+    translator = translator_of(dialect_name)
+    answer = cases.answer(include_usage=True, n=2) if events is CHOICES_STREAM else answer_of(dialect_name)
+    expected, _, _ = rendered(translator, events, answer, templated=False)
+    ids["next"] = itertools.count(1)
+    pipeline, state = pipeline_of(translator), translator.new_stream_state()
+    items = events if size == 0 else [events[at : at + size] for at in range(0, len(events), size)]
+    assert b"".join(pipeline.rendered(answer, item, state) for item in items) == b"".join(expected)
