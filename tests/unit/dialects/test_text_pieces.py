@@ -140,10 +140,11 @@ def counted_ids(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_every_dialect_but_lmi_frames_text_pieces_from_a_template():
-    """A dialect added without `text_frame` renders every piece whole: slower, not wrong. This
-    says which have one, so that one lost is seen."""
+    """A translator without `text_frame` renders every piece whole: slower, not wrong, so a new
+    dialect may come without one. This says which have one, so that one lost is seen."""
     every = [*DIALECTS, "responses"]
-    assert {name for name in every if hasattr(translator_of(name), "text_frame")} == set(every)
+    framed = {name for name in every if hasattr(translator_of(name), "text_frame")}
+    assert framed >= {"openai", "azure", "aleph_alpha", "ovms", "lmi", "anthropic", "responses"}
     assert not cases.translator("lmi").text_templated
 
 
